@@ -1,0 +1,114 @@
+"""The one `handle()` of segserve: per-row decode, one batched predict, per-row encode.
+
+Subclasses write hooks only:
+    load(model_dir, settings)  once per worker
+    decode(body) -> item       one request; raise BadRequest for bad input
+    predict(items) -> results  the valid rows of a batch, together
+    encode(result) -> bytes    one response body
+
+A bad row gets its own 400 with a JSON `{"error": ...}` body; its
+batch-mates are served. `len(output) == len(data)` always.
+"""
+
+import json
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class BadRequest(ValueError):
+    """The request's own fault: answered with 400 and the message, the batch goes on."""
+
+
+def request_body(row: dict) -> bytes:
+    """The payload of one request row as bytes (multipart field `data`, or the raw `body`)."""
+    body = row.get("data")
+    if body is None:
+        body = row.get("body")
+    if isinstance(body, (bytes, bytearray)):
+        return bytes(body)
+    if body is None:
+        raise BadRequest("empty request: send the payload as the request body or as form field 'data'")
+    raise BadRequest(
+        f"expected binary payload, got {type(body).__name__} (send it with Content-Type: application/octet-stream, not JSON or text)"
+    )
+
+
+def pick_device(context) -> torch.device:
+    gpu_id = context.system_properties.get("gpu_id")
+    if torch.cuda.is_available() and gpu_id is not None:
+        return torch.device(f"cuda:{gpu_id}")
+    return torch.device("cpu")
+
+
+class SegserveHandler:
+    """Base of every segserve handler; TorchServe instantiates a subclass per worker."""
+
+    content_type = "application/octet-stream"
+
+    def __init__(self):
+        self.initialized = False
+        self.device = torch.device("cpu")
+
+    def initialize(self, context) -> None:
+        settings = dict((context.model_yaml_config or {}).get("handler") or {})
+        self.device = pick_device(context)
+        threads = int(settings.pop("threads", 0) or os.environ.get("SEGSERVE_THREADS", 0) or 0)
+        if threads > 0 and self.device.type == "cpu":
+            torch.set_num_threads(threads)
+        self.load(context.system_properties["model_dir"], settings, context.manifest)
+        self.initialized = True
+        logger.info("%s ready on %s with %d threads", type(self).__name__, self.device, torch.get_num_threads())
+
+    def handle(self, data: list, context) -> list:
+        output: list = [None] * len(data)
+        valid_rows, items = [], []
+        for idx, row in enumerate(data):
+            try:
+                items.append(self.decode(request_body(row)))
+                valid_rows.append(idx)
+            except BadRequest as error:
+                output[idx] = json.dumps({"error": str(error)}).encode()
+                context.set_response_status(400, str(error), idx)
+                context.set_response_content_type(idx, "application/json")
+        if items:
+            for idx, result in zip(valid_rows, self.predict(items), strict=True):
+                output[idx] = self.encode(result)
+                context.set_response_content_type(idx, self.content_type)
+        return output
+
+    # Hooks -----------------------------------------------------------------
+    def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
+        raise NotImplementedError
+
+    def decode(self, body: bytes):
+        raise NotImplementedError
+
+    def predict(self, items: list) -> list:
+        raise NotImplementedError
+
+    def encode(self, result) -> bytes:
+        raise NotImplementedError
+
+
+def entry_point(handler_class):
+    """A TorchServe function entry point (`module:handle`) for a handler class.
+
+    TorchServe accepts a class entry only when the module defines exactly one
+    class; a function entry lets handler modules keep their settings and
+    record types beside the handler. TorchServe first calls it with
+    data=None to initialise.
+    """
+    service = handler_class()
+
+    def handle(data, context):
+        if data is None:
+            service.initialize(context)
+            return None
+        return service.handle(data, context)
+
+    handle.service = service
+    return handle

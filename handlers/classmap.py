@@ -1,0 +1,48 @@
+"""The bytes that pass from the segmentation node to the JPEG node.
+
+A class map is 1 byte per pixel at the model's resolution, behind an
+18-byte header that also carries the original image size, so the JPEG node
+can answer at the size the client sent without logits ever leaving the
+segmentation worker:
+
+    magic "SGCM" | version u8 | classes u8 | map height u16 | map width u16
+    | original height u32 | original width u32 | height*width uint8 labels
+"""
+
+import struct
+from typing import NamedTuple
+
+import torch
+
+MAGIC = b"SGCM"
+VERSION = 1
+HEADER = struct.Struct("<4sBBHHII")
+
+
+class ClassMap(NamedTuple):
+    labels: torch.Tensor  # uint8 [H, W]
+    num_classes: int
+    original_height: int
+    original_width: int
+
+
+def pack(labels: torch.Tensor, num_classes: int, original_height: int, original_width: int) -> bytes:
+    height, width = labels.shape
+    header = HEADER.pack(MAGIC, VERSION, num_classes, height, width, original_height, original_width)
+    return header + labels.to(torch.uint8).contiguous().cpu().numpy().tobytes()
+
+
+def unpack(body: bytes) -> ClassMap:
+    """Parse a class map; ValueError says what is wrong with the bytes."""
+    if len(body) < HEADER.size or body[:4] != MAGIC:
+        raise ValueError(
+            f"expected a segserve class map (starts with {MAGIC!r}, {HEADER.size}-byte header), got {len(body)} bytes starting {body[:4]!r}"
+        )
+    magic, version, classes, height, width, orig_h, orig_w = HEADER.unpack_from(body)
+    if version != VERSION:
+        raise ValueError(f"class map version {version} is not supported (expected {VERSION})")
+    expected = HEADER.size + height * width
+    if len(body) != expected or min(height, width, orig_h, orig_w) == 0:
+        raise ValueError(f"class map {height}x{width} (original {orig_h}x{orig_w}) needs {expected} bytes, got {len(body)}")
+    labels = torch.frombuffer(bytearray(body[HEADER.size :]), dtype=torch.uint8).view(height, width)
+    return ClassMap(labels, classes, orig_h, orig_w)

@@ -1,0 +1,91 @@
+"""JPEG post-processing: class map in, palette-coloured JPEG at the original size out.
+
+A batch is encoded in one `torchvision.io.encode_jpeg` call: libjpeg-turbo
+on the CPU, nvJPEG when the worker has a GPU (then only the JPEG bytes
+cross to the host).
+"""
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torchvision.io import encode_jpeg
+
+from handlers import classmap
+from handlers.base import BadRequest, SegserveHandler, entry_point
+from handlers.settings import parse_settings
+
+UPSTREAM_ERROR_PREFIX = b'{"error": '
+
+
+def voc_palette(size: int = 256) -> list[list[int]]:
+    """The PASCAL VOC colour map: class 0 black, 1 dark red, 2 green, …; distinct for 256 classes."""
+    palette = []
+    for label in range(size):
+        rgb, bits = [0, 0, 0], label
+        for shift in range(7, -1, -1):
+            for channel in range(3):
+                rgb[channel] |= ((bits >> channel) & 1) << shift
+            bits >>= 3
+        palette.append(rgb)
+    return palette
+
+
+@dataclass
+class JpegSettings:
+    quality: int = 90
+    # Colours for the first classes; classes beyond the list keep the VOC colours.
+    palette: list = field(default_factory=list)
+    max_image_pixels: int = 25_000_000
+
+
+class JpegHandler(SegserveHandler):
+    content_type = "image/jpeg"
+
+    def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
+        self.settings = s = parse_settings(JpegSettings, settings)
+        if not 1 <= s.quality <= 100:
+            raise ValueError(f"handler.quality must be 1–100 (got {s.quality})")
+        colours = voc_palette()
+        for label, rgb in enumerate(s.palette):
+            if len(rgb) != 3 or not all(0 <= c <= 255 for c in rgb):
+                raise ValueError(f"handler.palette[{label}] must be [r, g, b] in 0–255 (got {rgb!r})")
+            colours[label] = list(rgb)
+        self.palette = torch.tensor(colours, dtype=torch.uint8, device=self.device)
+
+    def decode(self, body: bytes) -> classmap.ClassMap:
+        if body.startswith(UPSTREAM_ERROR_PREFIX):
+            # In a TorchServe 0.12 workflow the previous node's 400 body arrives here as input:
+            # pass its message on instead of complaining about the bytes.
+            raise BadRequest(json.loads(body)["error"])
+        try:
+            class_map = classmap.unpack(body)
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+        pixels = class_map.original_height * class_map.original_width
+        if pixels > self.settings.max_image_pixels:
+            raise BadRequest(
+                f"output of {class_map.original_width}x{class_map.original_height} pixels is refused: "
+                f"the limit is {self.settings.max_image_pixels}"
+            )
+        return class_map
+
+    def colourise(self, class_map: classmap.ClassMap) -> torch.Tensor:
+        """uint8 [3, H, W] at the original size: nearest-neighbour labels, then palette lookup."""
+        labels = class_map.labels.to(self.device, non_blocking=True)
+        size = (class_map.original_height, class_map.original_width)
+        if labels.shape != size:
+            labels = F.interpolate(labels[None, None], size=size, mode="nearest-exact")[0, 0]
+        return self.palette[labels.long()].permute(2, 0, 1).contiguous()
+
+    @torch.inference_mode()
+    def predict(self, items: list[classmap.ClassMap]) -> list[torch.Tensor]:
+        images = [self.colourise(item) for item in items]
+        return [jpeg.cpu() for jpeg in encode_jpeg(images, quality=self.settings.quality)]
+
+    def encode(self, result: torch.Tensor) -> bytes:
+        return result.numpy().tobytes()
+
+
+handle = entry_point(JpegHandler)

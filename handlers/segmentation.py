@@ -1,0 +1,149 @@
+"""Semantic segmentation: image or raw tensor in, compact class map out.
+
+Accepts JPEG/PNG bytes or a raw tensor body of exactly the configured
+shape × dtype (the seed's FP16 [3, 256, 448] = 688,128 bytes, already
+normalised). Answers a class map (see classmap.py): argmax is taken on the
+device, so only 1 byte per model pixel leaves the worker, never logits.
+"""
+
+import struct
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+
+from handlers import classmap
+from handlers.base import BadRequest, SegserveHandler, entry_point
+from handlers.segnet import DEFAULT_BACKBONE, MEAN_RGB, STD_RGB, SegNet
+from handlers.settings import parse_settings
+
+DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+PRECISIONS = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+JPEG_SOI = b"\xff\xd8"
+# Start-of-frame markers carry the image size; C4 (DHT), C8 (JPG) and CC (DAC) do not.
+JPEG_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+@dataclass
+class SegmentationSettings:
+    backbone: str = DEFAULT_BACKBONE
+    num_classes: int = 2
+    input_height: int = 256
+    input_width: int = 448
+    raw_dtype: str = "float16"
+    precision: str = "fp32"
+    channels_last: bool = True
+    max_image_pixels: int = 25_000_000
+
+
+class Item(NamedTuple):
+    pixels: torch.Tensor  # float32 [3, input_height, input_width], normalised
+    original_height: int
+    original_width: int
+
+
+def image_size(body: bytes) -> tuple[str, int, int] | None:
+    """(kind, height, width) read from a PNG or JPEG header without decoding; None if neither."""
+    if body.startswith(PNG_SIGNATURE):
+        if len(body) < 24 or body[12:16] != b"IHDR":
+            raise BadRequest("PNG is truncated before its IHDR header")
+        width, height = struct.unpack(">II", body[16:24])
+        return "png", height, width
+    if not body.startswith(JPEG_SOI):
+        return None
+    pos = 2
+    while pos + 4 <= len(body):
+        if body[pos] != 0xFF:
+            raise BadRequest(f"JPEG is corrupt: expected a marker at byte {pos}")
+        marker = body[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
+            pos += 2
+            continue
+        if marker in JPEG_SOF_MARKERS and pos + 9 <= len(body):
+            height, width = struct.unpack(">HH", body[pos + 5 : pos + 9])
+            return "jpeg", height, width
+        pos += 2 + struct.unpack(">H", body[pos + 2 : pos + 4])[0]
+    raise BadRequest("JPEG is truncated or corrupt: no frame header found")
+
+
+def load_network(path: Path, settings: SegmentationSettings) -> torch.nn.Module:
+    """A TorchScript file as is, or a state_dict loaded into SegNet(backbone, num_classes)."""
+    with zipfile.ZipFile(path) as archive:
+        is_torchscript = any(name.endswith("constants.pkl") for name in archive.namelist())
+    if is_torchscript:
+        return torch.jit.load(str(path), map_location="cpu")
+    network = SegNet(settings.num_classes, settings.backbone)
+    network.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return network
+
+
+class SegmentationHandler(SegserveHandler):
+    content_type = "application/octet-stream"
+
+    def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
+        self.settings = s = parse_settings(SegmentationSettings, settings)
+        if s.raw_dtype not in DTYPES or s.precision not in PRECISIONS:
+            raise ValueError(
+                f"raw_dtype must be one of {sorted(DTYPES)} and precision one of {sorted(PRECISIONS)} "
+                f"(got {s.raw_dtype!r}, {s.precision!r})"
+            )
+        self.compute_dtype = PRECISIONS[s.precision]
+        self.raw_dtype = DTYPES[s.raw_dtype]
+        self.raw_nbytes = 3 * s.input_height * s.input_width * self.raw_dtype.itemsize
+        memory_format = torch.channels_last if s.channels_last else torch.contiguous_format
+        self.memory_format = memory_format
+        network = load_network(Path(model_dir) / manifest["model"]["serializedFile"], s)
+        self.network = network.eval().to(self.device, dtype=self.compute_dtype, memory_format=memory_format)
+        self.mean = torch.tensor(MEAN_RGB, device=self.device).view(3, 1, 1)
+        self.std = torch.tensor(STD_RGB, device=self.device).view(3, 1, 1)
+
+    def decode(self, body: bytes) -> Item:
+        s = self.settings
+        header = image_size(body)
+        if header is None:
+            if len(body) != self.raw_nbytes:
+                raise BadRequest(
+                    f"expected a JPEG or PNG image, or a raw {s.raw_dtype} tensor of shape "
+                    f"[3, {s.input_height}, {s.input_width}] ({self.raw_nbytes} bytes); got {len(body)} bytes that are neither"
+                )
+            raw = torch.frombuffer(bytearray(body), dtype=self.raw_dtype).view(3, s.input_height, s.input_width)
+            return Item(raw.float(), s.input_height, s.input_width)
+        kind, height, width = header
+        if height * width > s.max_image_pixels or height == 0 or width == 0:
+            raise BadRequest(f"{kind} of {width}x{height} pixels is refused: the limit is {s.max_image_pixels} pixels")
+        data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+        try:
+            if kind == "jpeg" and self.device.type == "cuda":
+                image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+            else:
+                image = decode_image(data, mode=ImageReadMode.RGB)
+        except RuntimeError as error:
+            raise BadRequest(f"could not decode the {kind} image: {error}") from None
+        pixels = image.to(self.device).float().div_(255)
+        if (height, width) != (s.input_height, s.input_width):
+            pixels = F.interpolate(
+                pixels[None], size=(s.input_height, s.input_width), mode="bilinear", antialias=True, align_corners=False
+            )[0]
+        return Item((pixels - self.mean) / self.std, height, width)
+
+    @torch.inference_mode()
+    def predict(self, items: list[Item]) -> list[tuple[torch.Tensor, int, int]]:
+        batch = torch.stack([item.pixels for item in items]).to(self.device, self.compute_dtype, non_blocking=True)
+        logits = self.network(batch.contiguous(memory_format=self.memory_format))
+        labels = logits.argmax(1).to(torch.uint8).cpu()
+        return [(labels[i], item.original_height, item.original_width) for i, item in enumerate(items)]
+
+    def encode(self, result: tuple[torch.Tensor, int, int]) -> bytes:
+        labels, height, width = result
+        return classmap.pack(labels, self.settings.num_classes, height, width)
+
+
+handle = entry_point(SegmentationHandler)

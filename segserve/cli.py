@@ -1,0 +1,164 @@
+"""`segserve`: one entry point, subcommands (see DESIGN.md).
+
+Errors print one line `error: ...` and exit 2 for usage/config errors, 1 for runtime failures.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+from segserve.errors import RuntimeFailure, UsageError
+
+DEFAULT_RUN_DIR = Path(".segserve")
+
+
+def _server(args):
+    from segserve.server import TorchServe
+
+    config = Path(args.config)
+    if not config.exists():
+        raise UsageError(f"--config {config}: no such file (run from the repository root or pass --config)")
+    return TorchServe(
+        run_dir=Path(args.run_dir).resolve(),
+        model_store=Path(args.model_store),
+        config_template=config,
+        port_base=getattr(args, "port_base", None),
+    )
+
+
+def start_pipeline(server, log=print) -> None:
+    """Start TorchServe and register seg, jpeg and the seg_jpeg workflow; stop it again on any failure."""
+    for archive in ("seg.mar", "jpeg.mar", "seg_jpeg.war"):
+        if not (server.model_store / archive).exists():
+            raise UsageError(f"{server.model_store / archive} is missing: run `segserve build` first")
+    server.start(log=log)
+    try:
+        server.register_model("seg.mar", "seg", log=log)
+        server.register_model("jpeg.mar", "jpeg", log=log)
+        server.register_workflow("seg_jpeg.war", "seg_jpeg", log=log)
+        for node in ("seg_jpeg__seg", "seg_jpeg__jpeg"):
+            server.wait_ready(node)
+    except BaseException:
+        server.stop()
+        raise
+
+
+def cmd_train(args) -> int:
+    from segserve.train import TrainSettings, train
+
+    train(Path(args.weights), TrainSettings(backbone=args.backbone, steps=args.steps))
+    return 0
+
+
+def cmd_build(args) -> int:
+    from segserve.build import build
+
+    build(
+        Path.cwd(),
+        Path(args.model_store),
+        weights=Path(args.weights) if args.weights else None,
+        backbone=args.backbone,
+        num_classes=args.num_classes,
+    )
+    return 0
+
+
+def cmd_serve(args) -> int:
+    server = _server(args)
+    if args.stop:
+        print("TorchServe stopped" if server.stop() else f"no TorchServe running from {server.run_dir}")
+        return 0
+    start_pipeline(server)
+    print(f"serving /wfpredict/seg_jpeg at {server.url('inference')}; stop with `segserve serve --stop`")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from segserve.predict import predict
+
+    images = [Path(p) for p in args.images]
+    missing = [str(p) for p in images if not p.is_file()]
+    if missing:
+        raise UsageError(f"no such image: {', '.join(missing)}")
+    server = _server(args)
+    failed = predict(server.url("inference"), server.token("inference"), images, Path(args.out), args.target)
+    if failed:
+        raise RuntimeFailure(f"{failed} of {len(images)} request(s) failed")
+    return 0
+
+
+def cmd_token(args) -> int:
+    print(_server(args).token(args.api))
+    return 0
+
+
+def cmd_scale(args) -> int:
+    if args.workers < 0:
+        raise UsageError(f"--workers must be ≥ 0 (got {args.workers})")
+    server = _server(args)
+    server.scale(args.model, args.workers)
+    print(f"{args.model}: {args.workers} worker(s)")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    from segserve.predict import TARGETS
+
+    root = argparse.ArgumentParser(prog="segserve", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--model-store", default="model_store", help="archive folder (default: model_store)")
+    common.add_argument("--config", default="config.properties", help="TorchServe config (default: config.properties)")
+    common.add_argument("--run-dir", default=str(DEFAULT_RUN_DIR), help="server state: key file, logs, pid (default: .segserve)")
+    sub = root.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train the model on synthetic data")
+    p.add_argument("--weights", default="weights/seg.pt")
+    p.add_argument("--backbone", default="mobilenet_v3_small", choices=["mobilenet_v3_small", "mobilenet_v3_large"])
+    p.add_argument("--steps", type=int, default=700)
+    p.set_defaults(run=cmd_train)
+
+    p = sub.add_parser("build", parents=[common], help="weights (trained if missing), seg.mar, jpeg.mar, seg_jpeg.war")
+    p.add_argument("--weights", help="your TorchScript file or state_dict (default: weights/seg.pt, trained if missing)")
+    p.add_argument("--backbone", choices=["mobilenet_v3_small", "mobilenet_v3_large"], help="architecture of a state_dict")
+    p.add_argument("--num-classes", type=int, help="classes of your model (default 2)")
+    p.set_defaults(run=cmd_build)
+
+    p = sub.add_parser("serve", parents=[common], help="start TorchServe and register seg, jpeg and seg_jpeg")
+    p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
+    p.add_argument("--port-base", type=int, help="inference/management/metrics on N, N+1, N+2 (default: config.properties)")
+    p.set_defaults(run=cmd_serve)
+
+    p = sub.add_parser("predict", parents=[common], help="send images through the pipeline, save the JPEGs")
+    p.add_argument("images", nargs="+")
+    p.add_argument("--out", required=True, help="folder for the returned files")
+    p.add_argument("--target", default="seg_jpeg", choices=sorted(TARGETS))
+    p.set_defaults(run=cmd_predict)
+
+    p = sub.add_parser("token", parents=[common], help="print the key TorchServe generated")
+    p.add_argument("--api", default="inference", choices=["inference", "management"])
+    p.set_defaults(run=cmd_token)
+
+    p = sub.add_parser("scale", parents=[common], help="set the workers of a model or workflow node")
+    p.add_argument("model", help="e.g. seg, jpeg, seg_jpeg__seg, seg_jpeg__jpeg")
+    p.add_argument("--workers", type=int, required=True)
+    p.set_defaults(run=cmd_scale)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except RuntimeFailure as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Send images through the workflow (or a model) and save what comes back."""
+
+import time
+from pathlib import Path
+
+from segserve.http import Connection
+
+TARGETS = {
+    "seg_jpeg": "/wfpredict/seg_jpeg",
+    "seg_jpeg_fused": "/predictions/seg_jpeg_fused",
+    "seg": "/predictions/seg",
+}
+
+
+def predict(inference_url: str, token: str, images: list[Path], out_dir: Path, target: str = "seg_jpeg", log=print) -> int:
+    """POST each image; write <out_dir>/<stem>.jpg; return how many failed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    connection = Connection(inference_url, token)
+    failed = 0
+    try:
+        for image in images:
+            started = time.perf_counter()
+            response = connection.request("POST", TARGETS[target], image.read_bytes())
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            if response.status != 200:
+                failed += 1
+                log(f"{image}: HTTP {response.status} {response.text()[:300]} ({elapsed_ms:.1f} ms)")
+                continue
+            suffix = ".jpg" if target != "seg" else ".classmap"
+            destination = out_dir / f"{image.stem}{suffix}"
+            destination.write_bytes(response.body)
+            log(f"{image} -> {destination}  {len(response.body) / 1024:.1f} KiB  {elapsed_ms:.1f} ms")
+    finally:
+        connection.close()
+    return failed

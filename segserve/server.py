@@ -1,0 +1,243 @@
+"""One TorchServe instance: start it, wait until healthy, register archives, stop it by process id.
+
+Each instance has its own run folder, used as the server's working directory
+(key_file.json and logs/ land there) and as TMPDIR (TorchServe's pid file),
+and its own ports and worker-socket range, so several can run side by side.
+The server runs in its own process group, which `stop()` ends; nothing is
+ever killed by name.
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from segserve.build import tool
+from segserve.errors import RuntimeFailure
+from segserve.http import Response, request
+
+ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")) and "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+def render_config(template: Path, target: Path, overrides: dict[str, str]) -> None:
+    """Copy config.properties with some keys replaced (comments and order kept)."""
+    lines, seen = [], set()
+    for line in template.read_text().splitlines():
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and not line.lstrip().startswith("#") and key in overrides:
+            line, _ = f"{key}={overrides[key]}", seen.add(key)
+        lines.append(line)
+    lines += [f"{key}={value}" for key, value in overrides.items() if key not in seen]
+    target.write_text("\n".join(lines) + "\n")
+
+
+def loopback_ports(port_base: int | None) -> dict[str, str]:
+    """Addresses on 127.0.0.1: port_base, +1, +2, or free ports when port_base is None."""
+    ports = [port_base + i for i in range(3)] if port_base else [free_port() for _ in range(3)]
+    return {key: f"http://127.0.0.1:{port}" for key, port in zip(ADDRESS_KEYS, ports, strict=True)}
+
+
+def free_worker_port_base() -> int:
+    """A worker-port range whose unix sockets (/tmp/.ts.sock.<port>) no other instance uses."""
+    for base in range(20000 + (os.getpid() % 300) * 100, 60000, 100):
+        if not any(Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(100)):
+            return base
+    raise RuntimeFailure("no free worker port range under /tmp/.ts.sock.*")
+
+
+@dataclass
+class TorchServe:
+    run_dir: Path
+    model_store: Path
+    config_template: Path
+    port_base: int | None = None
+    worker_port_base: int | None = None
+
+    # Lifecycle ----------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.properties"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.run_dir / "server.pid"
+
+    def url(self, api: str) -> str:
+        return read_properties(self.config_path)[f"{api}_address"]
+
+    def start(self, startup_timeout_s: float = 120, log=print) -> None:
+        if self.running_pid():
+            raise RuntimeFailure(f"TorchServe already runs from {self.run_dir} (pid {self.running_pid()}): stop it first")
+        (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        overrides = loopback_ports(self.port_base)
+        overrides["initial_worker_port"] = str(self.worker_port_base or free_worker_port_base())
+        render_config(self.config_template, self.config_path, overrides)
+        self.key_file.unlink(missing_ok=True)  # a stale key file would pass the health check below
+        store = str(self.model_store.resolve())
+        command = [
+            tool("torchserve"),
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--model-store",
+            store,
+            "--workflow-store",
+            store,
+            "--ts-config",
+            str(self.config_path),
+        ]
+        log("$ " + " ".join(command))
+        env = {
+            **os.environ,
+            "TMPDIR": str(self.run_dir / "tmp"),
+            "LOG_LOCATION": str(self.run_dir / "logs"),
+            "METRICS_LOCATION": str(self.run_dir / "logs"),
+        }
+        with open(self.run_dir / "logs" / "torchserve.out", "ab") as out:
+            process = subprocess.Popen(command, cwd=self.run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid_path.write_text(str(process.pid))
+        deadline = time.monotonic() + startup_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeFailure(f"TorchServe exited with code {process.returncode} while starting:\n{self.log_tail()}")
+            try:
+                # /ping needs the inference key too, which exists once the frontend is up.
+                if (
+                    self.key_file.exists()
+                    and request(self.url("inference"), "GET", "/ping", self.token("inference"), timeout_s=2).status == 200
+                ):
+                    log(f"TorchServe is up: inference {self.url('inference')}, management {self.url('management')}")
+                    return
+            except (OSError, RuntimeFailure, KeyError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def running_pid(self) -> int | None:
+        """The recorded pid if that process is alive and is a TorchServe (guards against pid reuse)."""
+        try:
+            pid = int(self.pid_path.read_text())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return pid if b"torchserve" in cmdline else None
+
+    def stop(self, timeout_s: float = 30) -> bool:
+        """End the server's process group (frontend and workers); False if it was not running."""
+        pid = self.running_pid()
+        self.pid_path.unlink(missing_ok=True)
+        if pid is None:
+            return False
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and _group_alive(pid):
+                try:
+                    os.waitpid(pid, os.WNOHANG)  # reap it if we are its parent
+                except ChildProcessError:
+                    pass
+                time.sleep(0.2)
+            if not _group_alive(pid):
+                break
+        return True
+
+    def log_tail(self, lines: int = 40) -> str:
+        chunks = []
+        for name in ("torchserve.out", "ts_log.log", "model_log.log"):
+            path = self.run_dir / "logs" / name
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                chunks.append(f"--- {path} (last {len(tail)} lines)\n" + "\n".join(tail))
+        return "\n".join(chunks) or f"(no logs in {self.run_dir / 'logs'})"
+
+    # Tokens and API calls -------------------------------------------------------
+    @property
+    def key_file(self) -> Path:
+        return self.run_dir / "key_file.json"
+
+    def token(self, api: str) -> str:
+        """The key TorchServe generated for `inference` or `management`."""
+        try:
+            keys = json.loads(self.key_file.read_text())
+        except (OSError, ValueError) as error:
+            raise RuntimeFailure(f"no TorchServe key file at {self.key_file}: is the server running? ({error})") from None
+        return keys[api]["key"]
+
+    def call(self, api: str, method: str, path: str, body: bytes | None = None, timeout_s: float = 300) -> Response:
+        return request(self.url(api), method, path, token=self.token(api), body=body, timeout_s=timeout_s)
+
+    def register_model(self, archive: str, name: str, workers: int = 1, log=print) -> None:
+        path = f"/models?url={archive}&model_name={name}&initial_workers={workers}&synchronous=true"
+        self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}")
+        log(f"registered model {name} ({archive}, {workers} worker(s))")
+
+    def register_workflow(self, archive: str, name: str, log=print) -> None:
+        self._expect_ok(
+            self.call("management", "POST", f"/workflows?url={archive}&workflow_name={name}"), f"registering workflow {archive}"
+        )
+        log(f"registered workflow {name} ({archive})")
+
+    def scale(self, model: str, workers: int) -> Response:
+        path = f"/models/{model}?min_worker={workers}&max_worker={workers}&synchronous=true"
+        return self._expect_ok(self.call("management", "PUT", path), f"scaling {model} to {workers} worker(s)")
+
+    def describe(self, model: str) -> dict:
+        return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]
+
+    def wait_ready(self, model: str, timeout_s: float = 120) -> None:
+        """Wait until every worker of `model` is READY."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            workers = self.describe(model).get("workers", [])
+            if workers and all(w.get("status") == "READY" for w in workers):
+                return
+            time.sleep(0.5)
+        raise RuntimeFailure(f"workers of {model} are not READY after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def _expect_ok(self, response: Response, what: str) -> Response:
+        if response.status >= 300:
+            raise RuntimeFailure(f"{what} failed: HTTP {response.status} {response.text()[:500]}\n{self.log_tail(20)}")
+        return response
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    # A group of zombies only: nothing left to wait for.
+    return any(_is_live_member(p, pgid) for p in Path("/proc").iterdir() if p.name.isdigit())
+
+
+def _is_live_member(proc: Path, pgid: int) -> bool:
+    try:
+        fields = re.sub(r"^.*\) ", "", (proc / "stat").read_text()).split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and int(fields[2]) == pgid
