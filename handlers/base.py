@@ -17,6 +17,7 @@ import os
 import torch
 
 logger = logging.getLogger(__name__)
+BATCH_SIZE_HEADER = "x-segserve-batch-size"
 
 
 class BadRequest(ValueError):
@@ -67,6 +68,8 @@ class SegserveHandler:
         output: list = [None] * len(data)
         valid_rows, items = [], []
         for idx, row in enumerate(data):
+            # Which batch a request rode in: lets clients and tests see batching at work.
+            context.set_response_header(idx, BATCH_SIZE_HEADER, str(len(data)))
             try:
                 items.append(self.decode(request_body(row)))
                 valid_rows.append(idx)

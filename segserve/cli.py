@@ -125,7 +125,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", parents=[common], help="start TorchServe and register seg, jpeg and seg_jpeg")
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
-    p.add_argument("--port-base", type=int, help="inference/management/metrics on N, N+1, N+2 (default: config.properties)")
+    p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("predict", parents=[common], help="send images through the pipeline, save the JPEGs")

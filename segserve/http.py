@@ -9,8 +9,12 @@ from urllib.parse import urlsplit
 @dataclass
 class Response:
     status: int
-    content_type: str
+    headers: dict[str, str]  # names in lower case
     body: bytes
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "")
 
     def json(self):
         return json.loads(self.body)
@@ -39,7 +43,7 @@ class Connection:
             try:
                 self._conn.request(method, path, body=body, headers=headers)
                 reply = self._conn.getresponse()
-                return Response(reply.status, reply.getheader("Content-Type", ""), reply.read())
+                return Response(reply.status, {k.lower(): v for k, v in reply.getheaders()}, reply.read())
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
                 self.close()
                 # A kept-alive connection the server had already closed: send once more on a new one.

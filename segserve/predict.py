@@ -22,7 +22,8 @@ def predict(inference_url: str, token: str, images: list[Path], out_dir: Path, t
             started = time.perf_counter()
             response = connection.request("POST", TARGETS[target], image.read_bytes())
             elapsed_ms = (time.perf_counter() - started) * 1000
-            if response.status != 200:
+            # /wfpredict answers 200 even when a node refused the input (TorchServe 0.12): look at the body.
+            if response.status != 200 or response.body.startswith(b'{"error"'):
                 failed += 1
                 log(f"{image}: HTTP {response.status} {response.text()[:300]} ({elapsed_ms:.1f} ms)")
                 continue

@@ -53,9 +53,14 @@ def render_config(template: Path, target: Path, overrides: dict[str, str]) -> No
 
 
 def loopback_ports(port_base: int | None) -> dict[str, str]:
-    """Addresses on 127.0.0.1: port_base, +1, +2, or free ports when port_base is None."""
-    ports = [port_base + i for i in range(3)] if port_base else [free_port() for _ in range(3)]
-    return {key: f"http://127.0.0.1:{port}" for key, port in zip(ADDRESS_KEYS, ports, strict=True)}
+    """HTTP addresses on 127.0.0.1 at port_base, +1, +2 and gRPC ports at +3, +4 (free ports when None).
+
+    gRPC is listed because TorchServe always opens it (7070/7071 by default), which
+    would collide between instances.
+    """
+    ports = [port_base + i for i in range(5)] if port_base else [free_port() for _ in range(5)]
+    addresses = {key: f"http://127.0.0.1:{port}" for key, port in zip(ADDRESS_KEYS, ports[:3], strict=True)}
+    return {**addresses, "grpc_inference_port": str(ports[3]), "grpc_management_port": str(ports[4])}
 
 
 def free_worker_port_base() -> int:

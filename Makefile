@@ -1,0 +1,39 @@
+# segserve: `make run` builds and serves the pipeline and segments samples/; `make test` is what CI runs.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup build run test lint gpu-check clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install -e '.[dev]'
+	touch $(STAMP)
+
+build: setup
+	$(BIN)/segserve build
+
+# Start TorchServe, segment the samples through /wfpredict/seg_jpeg, stop it (also on failure).
+run: build
+	@trap '$(BIN)/segserve serve --stop' EXIT; \
+	$(BIN)/segserve serve && \
+	$(BIN)/segserve predict samples/*.jpg --out out && \
+	echo "segmented JPEGs are in $(CURDIR)/out/"
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+# On a machine with CUDA: the GPU tests (nvJPEG decode/encode, the handlers on the device).
+gpu-check: setup
+	$(BIN)/python -m pytest -m gpu -v -p no:cacheprovider
+
+clean:
+	rm -rf model_store out .segserve

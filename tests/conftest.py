@@ -1,0 +1,73 @@
+"""Shared fixtures: a real TorchServe Context for handler tests, built archives, a live server."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from ts.context import Context, RequestProcessor
+
+from handlers.segnet import SegNet
+from segserve.build import build, ensure_weights
+from segserve.cli import start_pipeline
+from segserve.server import TorchServe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_context(model_dir: Path, handler_settings: dict, serialized_file: str | None = None, rows: int = 0) -> Context:
+    """TorchServe's own Context, as a worker builds it, with `rows` request slots."""
+    manifest = {"model": {"modelName": "test", "serializedFile": serialized_file, "handler": "x:handle"}}
+    context = Context("test", str(model_dir), manifest, 8, None, "0.12.0", model_yaml_config={"handler": handler_settings})
+    context.request_processor = [RequestProcessor({}) for _ in range(rows)]
+    return context
+
+
+def with_rows(context: Context, rows: int) -> Context:
+    context.request_processor = [RequestProcessor({}) for _ in range(rows)]
+    return context
+
+
+def status_of(context: Context, idx: int) -> int:
+    return context.get_response_status(idx)[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tmp_path_factory) -> Path:
+    """An untrained SegNet state_dict: enough for shape and protocol tests."""
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("weights") / "tiny.pt"
+    torch.save(SegNet(2).state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def trained_weights() -> Path:
+    """The repository's trained weights (trained on first use, ~3 minutes on 2 cores)."""
+    return ensure_weights(ROOT / "weights" / "seg.pt", None)
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory, trained_weights) -> Path:
+    store = tmp_path_factory.mktemp("model_store")
+    build(ROOT, store, weights=trained_weights)
+    return store
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, model_store):
+    """A real TorchServe on free loopback ports with seg, jpeg and the seg_jpeg workflow."""
+    instance = TorchServe(run_dir=tmp_path_factory.mktemp("ts"), model_store=model_store, config_template=ROOT / "config.properties")
+    start_pipeline(instance)
+    try:
+        yield instance
+    finally:
+        instance.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (run `make gpu-check` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,81 @@
+"""The archives are what TorchServe gets: check they are complete and self-contained."""
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+import yaml
+
+from handlers import classmap
+from tests.conftest import ROOT
+
+# Runs in a fresh interpreter with the unpacked archive first on sys.path and the
+# segserve package made unimportable, then serves one request through the handler.
+IMPORT_CHECK = r"""
+import importlib.abc, json, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "segserve":
+            raise ImportError("segserve must not be needed inside an archive")
+sys.meta_path.insert(0, Refuse())
+archive_dir, module_name, body_path = sys.argv[1:]
+sys.path.insert(0, archive_dir)
+import yaml
+from ts.context import Context, RequestProcessor
+module = __import__(module_name)
+import handlers
+assert handlers.__file__.startswith(archive_dir), handlers.__file__
+manifest = json.load(open(f"{archive_dir}/MAR-INF/MANIFEST.json"))
+config = yaml.safe_load(open(f"{archive_dir}/{manifest['model']['configFile']}"))
+context = Context(manifest["model"]["modelName"], archive_dir, manifest, 1, None, "0.12.0", model_yaml_config=config)
+context.request_processor = [RequestProcessor({})]
+entry = getattr(module, manifest["model"]["handler"].split(":")[1])
+entry(None, context)
+out = entry([{"body": open(body_path, "rb").read()}], context)
+print(json.dumps({"status": context.get_response_status(0)[0], "type": context.get_response_content_type(0), "bytes": len(out[0])}))
+"""
+
+
+def unpack(archive, target):
+    with zipfile.ZipFile(archive) as zipped:
+        zipped.extractall(target)
+    return target
+
+
+@pytest.mark.parametrize("name, body", [("seg", "samples/shapes_0.jpg"), ("jpeg", None)])
+def test_each_mar_runs_with_only_the_archive_on_the_path(model_store, tmp_path, name, body):
+    archive_dir = unpack(model_store / f"{name}.mar", tmp_path / name)
+    manifest = json.loads((archive_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    module_name = manifest["model"]["handler"].split(":")[0]
+    if body is None:  # the jpeg node's input is the seg node's output
+        (tmp_path / "map.bin").write_bytes(classmap.pack(torch.zeros(4, 4, dtype=torch.uint8), 2, 40, 60))
+        body_path = tmp_path / "map.bin"
+    else:
+        body_path = ROOT / body
+    command = [sys.executable, "-c", IMPORT_CHECK, str(archive_dir), module_name, str(body_path)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["status"] == 200
+    assert result["type"] == ("image/jpeg" if name == "jpeg" else "application/octet-stream")
+    assert result["bytes"] > 0
+
+
+def test_mar_carries_the_handler_package_weights_and_config(model_store):
+    with zipfile.ZipFile(model_store / "seg.mar") as zipped:
+        names = set(zipped.namelist())
+        manifest = json.loads(zipped.read("MAR-INF/MANIFEST.json"))
+    assert {"segmentation.py", "seg.pt", "handlers/__init__.py", "handlers/base.py", "handlers/segnet.py", "handlers/classmap.py"} <= names
+    assert manifest["model"]["handler"] == "segmentation:handle"
+    assert manifest["model"]["modelName"] == "seg"
+
+
+def test_war_carries_the_dag(model_store):
+    with zipfile.ZipFile(model_store / "seg_jpeg.war") as zipped:
+        manifest = json.loads(zipped.read("WAR-INF/MANIFEST.json"))
+        spec = yaml.safe_load(zipped.read(manifest["workflow"]["specFile"]))
+    assert spec["dag"] == {"seg": ["jpeg"]}
+    assert spec["models"]["seg"]["url"] == "seg.mar" and spec["models"]["jpeg"]["url"] == "jpeg.mar"

@@ -1,0 +1,87 @@
+"""The `segserve` command as a user runs it."""
+
+import socket
+
+import pytest
+import torch
+from torchvision.io import decode_jpeg
+
+from segserve.cli import main
+from tests.conftest import ROOT
+
+
+def server_args(server) -> list[str]:
+    return ["--run-dir", str(server.run_dir), "--model-store", str(server.model_store), "--config", str(ROOT / "config.properties")]
+
+
+@pytest.mark.integration
+def test_predict_writes_a_jpeg_per_image_at_its_size(server, tmp_path, capsys):
+    images = sorted((ROOT / "samples").glob("*.jpg"))
+    assert main(["predict", *map(str, images), "--out", str(tmp_path), *server_args(server)]) == 0
+    printed = capsys.readouterr().out
+    for image in images:
+        result = tmp_path / f"{image.stem}.jpg"
+        assert f"-> {result}" in printed and " ms" in printed
+        sent = decode_jpeg(torch.frombuffer(bytearray(image.read_bytes()), dtype=torch.uint8))
+        got = decode_jpeg(torch.frombuffer(bytearray(result.read_bytes()), dtype=torch.uint8))
+        assert got.shape == sent.shape
+
+
+@pytest.mark.integration
+def test_predict_reports_a_refused_image_and_exits_1(server, tmp_path, capsys):
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a jpeg")
+    assert main(["predict", str(bad), "--out", str(tmp_path / "out"), *server_args(server)]) == 1
+    captured = capsys.readouterr()
+    assert "expected a JPEG or PNG image" in captured.out
+    assert captured.err.strip() == "error: 1 of 1 request(s) failed"
+
+
+@pytest.mark.integration
+def test_token_prints_the_generated_key(server, capsys):
+    assert main(["token", "--api", "management", *server_args(server)]) == 0
+    assert capsys.readouterr().out.strip() == server.token("management")
+
+
+def test_missing_image_is_a_usage_error(tmp_path, capsys):
+    assert main(["predict", str(tmp_path / "nope.jpg"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: no such image:")
+
+
+def test_build_with_missing_weights_is_a_usage_error(tmp_path, capsys):
+    assert main(["build", "--weights", str(tmp_path / "mine.pt"), "--model-store", str(tmp_path)]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def consecutive_free_ports(count: int = 3) -> int:
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        try:
+            for offset in range(count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no run of free ports")
+
+
+@pytest.mark.integration
+def test_serve_predict_and_stop_from_the_command_line(model_store, tmp_path, capsys):
+    args = ["--run-dir", str(tmp_path / "run"), "--model-store", str(model_store), "--config", str(ROOT / "config.properties")]
+    port = consecutive_free_ports(5)
+    assert main(["serve", "--port-base", str(port), *args]) == 0
+    try:
+        assert f"serving /wfpredict/seg_jpeg at http://127.0.0.1:{port}" in capsys.readouterr().out
+        assert main(["predict", str(ROOT / "samples" / "shapes_1.jpg"), "--out", str(tmp_path / "out"), *args]) == 0
+        assert (tmp_path / "out" / "shapes_1.jpg").read_bytes()[:2] == b"\xff\xd8"
+        pid = int((tmp_path / "run" / "server.pid").read_text())
+    finally:
+        assert main(["serve", "--stop", *args]) == 0
+    assert "TorchServe stopped" in capsys.readouterr().out
+    with pytest.raises(ProcessLookupError):
+        import os
+
+        os.kill(pid, 0)

@@ -1,0 +1,189 @@
+"""Both handlers in process, through TorchServe's own Context."""
+
+import io
+import json
+import struct
+
+import pytest
+import torch
+from PIL import Image
+from torchvision.io import decode_jpeg, encode_jpeg, encode_png
+
+from handlers import classmap
+from handlers.base import BATCH_SIZE_HEADER
+from handlers.jpeg import JpegHandler, voc_palette
+from handlers.segmentation import SegmentationHandler, image_size
+from segserve.synthetic import make_sample
+from tests.conftest import make_context, status_of, with_rows
+
+RAW_FP16_BYTES = 3 * 256 * 448 * 2  # the seed's body: FP16 [3, 256, 448]
+
+
+@pytest.fixture(scope="module")
+def seg(tiny_weights):
+    handler = SegmentationHandler()
+    handler.initialize(make_context(tiny_weights.parent, {"max_image_pixels": 2_000_000}, tiny_weights.name))
+    return handler
+
+
+@pytest.fixture(scope="module")
+def jpeg(tmp_path_factory):
+    handler = JpegHandler()
+    handler.initialize(make_context(tmp_path_factory.mktemp("jpeg"), {"quality": 95, "palette": [[0, 0, 0], [255, 255, 255]]}))
+    return handler
+
+
+def jpeg_bytes(height=256, width=448, seed=1) -> bytes:
+    return encode_jpeg(make_sample(seed, height, width)[0], quality=90).numpy().tobytes()
+
+
+def png_bytes(height=100, width=150, seed=2) -> bytes:
+    return encode_png(make_sample(seed, height, width)[0]).numpy().tobytes()
+
+
+def run(handler, bodies):
+    context = with_rows(make_context(None, {}), len(bodies))
+    out = handler.handle([{"body": b} for b in bodies], context)
+    return out, context
+
+
+def test_segmentation_answers_a_class_map_per_row_with_the_original_size(seg):
+    raw = torch.randn(3, 256, 448, dtype=torch.float16).numpy().tobytes()
+    out, context = run(seg, [jpeg_bytes(300, 500), png_bytes(100, 150), raw])
+    assert len(out) == 3
+    sizes = [(m.original_height, m.original_width, tuple(m.labels.shape)) for m in map(classmap.unpack, out)]
+    assert sizes == [(300, 500, (256, 448)), (100, 150, (256, 448)), (256, 448, (256, 448))]
+    assert [status_of(context, i) for i in range(3)] == [200, 200, 200]
+    assert all(context.get_response_content_type(i) == "application/octet-stream" for i in range(3))
+    assert context.get_response_headers(0)[BATCH_SIZE_HEADER] == "3"
+    # ~1 byte per model pixel crosses to the next node, never logits.
+    assert len(out[0]) == classmap.HEADER.size + 256 * 448
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"not an image", "expected a JPEG or PNG image, or a raw float16 tensor of shape [3, 256, 448] (688128 bytes)"),
+        (b"\x00" * (RAW_FP16_BYTES - 2), "got 688126 bytes that are neither"),
+        (b"\xff\xd8\xff\xe0\x00\x10JFIF", "JPEG is truncated or corrupt"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "PNG is truncated"),
+        (b"", "got 0 bytes"),
+    ],
+)
+def test_a_bad_row_gets_its_own_400_and_its_batch_mates_are_served(seg, body, message):
+    out, context = run(seg, [jpeg_bytes(), body, png_bytes()])
+    assert [status_of(context, i) for i in range(3)] == [200, 400, 200]
+    assert message in json.loads(out[1])["error"]
+    assert context.get_response_content_type(1) == "application/json"
+    assert classmap.unpack(out[0]).original_height == 256 and classmap.unpack(out[2]).original_width == 150
+
+
+def test_truncated_jpeg_body_is_refused_with_the_decoder_message(seg):
+    whole = jpeg_bytes()
+    out, context = run(seg, [whole[: len(whole) // 3]])
+    assert status_of(context, 0) == 400
+    assert "could not decode the jpeg image" in json.loads(out[0])["error"]
+
+
+def test_decompression_bomb_is_refused_before_decoding(seg):
+    # A valid PNG header declaring 40000 x 40000 pixels, with no pixel data behind it.
+    ihdr = struct.pack(">II", 40000, 40000) + b"\x08\x02\x00\x00\x00"
+    bomb = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + b"\x00" * 4
+    out, context = run(seg, [bomb])
+    assert status_of(context, 0) == 400
+    assert "40000x40000 pixels is refused: the limit is 2000000 pixels" in json.loads(out[0])["error"]
+
+
+def test_json_body_is_refused_with_a_hint(seg):
+    context = with_rows(make_context(None, {}), 1)
+    out = seg.handle([{"body": {"image": "x"}}], context)
+    assert status_of(context, 0) == 400
+    assert "Content-Type: application/octet-stream" in json.loads(out[0])["error"]
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+def test_image_size_reads_jpeg_and_png_headers(progressive):
+    buffer = io.BytesIO()
+    Image.new("RGB", (321, 123), (10, 20, 30)).save(buffer, "JPEG", progressive=progressive)
+    assert image_size(buffer.getvalue()) == ("jpeg", 123, 321)
+    assert image_size(png_bytes(77, 99)) == ("png", 77, 99)
+    assert image_size(b"GIF89a") is None
+
+
+def test_jpeg_handler_colours_the_class_map_at_the_original_size(jpeg):
+    labels = torch.zeros(64, 112, dtype=torch.uint8)
+    labels[16:48, 28:84] = 1
+    out, context = run(jpeg, [classmap.pack(labels, 2, 256, 448), classmap.pack(labels, 2, 64, 112)])
+    assert [status_of(context, i) for i in range(2)] == [200, 200]
+    assert context.get_response_content_type(0) == "image/jpeg"
+    big = decode_jpeg(torch.frombuffer(bytearray(out[0]), dtype=torch.uint8))
+    assert big.shape == (3, 256, 448)
+    expected = torch.zeros(256, 448, dtype=torch.bool)
+    expected[64:192, 112:336] = True
+    assert ((big.float().mean(0) > 127) == expected).float().mean() > 0.99
+
+
+def test_jpeg_handler_refuses_bad_class_maps_and_passes_upstream_errors_on(jpeg):
+    good = classmap.pack(torch.ones(8, 8, dtype=torch.uint8), 2, 8, 8)
+    upstream = json.dumps({"error": "could not decode the png image"}).encode()
+    out, context = run(jpeg, [good[:-1], upstream, good])
+    assert [status_of(context, i) for i in range(3)] == [400, 400, 200]
+    assert "needs 82 bytes, got 81" in json.loads(out[0])["error"]
+    assert json.loads(out[1])["error"] == "could not decode the png image"
+
+
+def test_classmap_round_trip_and_voc_palette():
+    labels = torch.randint(0, 5, (7, 9), dtype=torch.uint8)
+    unpacked = classmap.unpack(classmap.pack(labels, 5, 70, 90))
+    assert torch.equal(unpacked.labels, labels) and unpacked[1:] == (5, 70, 90)
+    assert voc_palette()[:3] == [[0, 0, 0], [128, 0, 0], [0, 128, 0]]
+    assert len({tuple(c) for c in voc_palette()}) == 256
+
+
+def test_unknown_handler_setting_is_refused_with_a_suggestion(tiny_weights):
+    with pytest.raises(ValueError, match="handler.precison: unknown setting — did you mean 'precision'"):
+        SegmentationHandler().initialize(make_context(tiny_weights.parent, {"precison": "fp16"}, tiny_weights.name))
+
+
+def test_torchscript_and_state_dict_give_the_same_labels(tmp_path, tiny_weights, seg):
+    from handlers.segnet import SegNet
+
+    network = SegNet(2)
+    network.load_state_dict(torch.load(tiny_weights))
+    scripted = tmp_path / "scripted.pt"
+    torch.jit.script(network.eval()).save(str(scripted))
+    from_script = SegmentationHandler()
+    from_script.initialize(make_context(tmp_path, {}, scripted.name))
+    bodies = [jpeg_bytes(seed=5), png_bytes(seed=6)]
+    assert run(from_script, bodies)[0] == run(seg, bodies)[0]
+
+
+def test_bf16_precision_runs(tiny_weights):
+    handler = SegmentationHandler()
+    handler.initialize(make_context(tiny_weights.parent, {"precision": "bf16"}, tiny_weights.name))
+    out, context = run(handler, [jpeg_bytes()])
+    assert status_of(context, 0) == 200 and classmap.unpack(out[0]).labels.shape == (256, 448)
+
+
+@pytest.mark.gpu
+def test_handlers_on_cuda_match_the_cpu(tiny_weights, seg, jpeg, tmp_path):
+    """nvJPEG decode, the network and argmax on the device, nvJPEG encode; same labels as the CPU."""
+    from ts.context import Context
+
+    def on_gpu(handler_class, model_dir, settings, serialized=None):
+        handler = handler_class()
+        manifest = {"model": {"modelName": "gpu", "serializedFile": serialized, "handler": "x:handle"}}
+        handler.initialize(Context("gpu", str(model_dir), manifest, 8, 0, "0.12.0", model_yaml_config={"handler": settings}))
+        assert handler.device.type == "cuda"
+        return handler
+
+    seg_gpu = on_gpu(SegmentationHandler, tiny_weights.parent, {"max_image_pixels": 2_000_000}, tiny_weights.name)
+    jpeg_gpu = on_gpu(JpegHandler, tmp_path, {"quality": 95, "palette": [[0, 0, 0], [255, 255, 255]]})
+    bodies = [jpeg_bytes(seed=21), png_bytes(seed=22)]
+    maps_gpu, maps_cpu = run(seg_gpu, bodies)[0], run(seg, bodies)[0]
+    for gpu_map, cpu_map in zip(maps_gpu, maps_cpu, strict=True):
+        agreement = (classmap.unpack(gpu_map).labels == classmap.unpack(cpu_map).labels).float().mean()
+        assert agreement > 0.99  # nvJPEG and libjpeg-turbo may differ in the last bit of a few pixels
+    jpegs, context = run(jpeg_gpu, maps_gpu)
+    assert all(status_of(context, i) == 200 for i in range(2))
+    assert decode_jpeg(torch.frombuffer(bytearray(jpegs[0]), dtype=torch.uint8)).shape == (3, 256, 448)

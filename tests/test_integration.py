@@ -1,0 +1,116 @@
+"""Against a real TorchServe: the workflow end to end, per-request status, tokens, allowed URLs."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from torchvision.io import decode_jpeg, encode_png
+
+from handlers.base import BATCH_SIZE_HEADER
+from segserve.http import Connection
+from segserve.synthetic import make_sample
+from segserve.train import normalise
+
+pytestmark = pytest.mark.integration
+HELD_OUT_SEEDS = range(5_000_000, 5_000_006)  # never used in training
+
+
+def post(server, path: str, body: bytes, token: str | None = "inference"):
+    connection = Connection(server.url("inference"), server.token(token) if token else None)
+    try:
+        return connection.request("POST", path, body)
+    finally:
+        connection.close()
+
+
+def foreground_of(jpeg: bytes) -> torch.Tensor:
+    """Pixels closer to the white foreground colour than to the black background."""
+    image = decode_jpeg(torch.frombuffer(bytearray(jpeg), dtype=torch.uint8))
+    return image.float().mean(0) > 127
+
+
+def iou(predicted: torch.Tensor, truth: torch.Tensor) -> float:
+    return float((predicted & truth).sum() / (predicted | truth).sum())
+
+
+def test_workflow_segments_held_out_images_with_iou_at_least_0_9(server):
+    intersection = union = 0
+    for seed in HELD_OUT_SEEDS:
+        image, mask = make_sample(seed)
+        response = post(server, "/wfpredict/seg_jpeg", encode_png(image).numpy().tobytes())
+        assert response.status == 200, response.text()
+        predicted, truth = foreground_of(response.body), mask.bool()
+        assert predicted.shape == truth.shape == (256, 448)
+        intersection += int((predicted & truth).sum())
+        union += int((predicted | truth).sum())
+    assert intersection / union >= 0.9
+
+
+def test_workflow_answers_at_the_original_image_size(server):
+    image, mask = make_sample(5_000_100, 360, 640)
+    response = post(server, "/wfpredict/seg_jpeg", encode_png(image).numpy().tobytes())
+    assert response.body[:2] == b"\xff\xd8", response.text()
+    predicted = foreground_of(response.body)
+    assert predicted.shape == (360, 640)
+    assert iou(predicted, mask.bool()) >= 0.8
+
+
+def test_seed_raw_fp16_body_through_the_workflow_returns_a_448x256_jpeg(server):
+    image, mask = make_sample(5_000_200)
+    raw = normalise(image[None])[0].half().numpy().tobytes()
+    assert len(raw) == 688_128
+    response = post(server, "/wfpredict/seg_jpeg", raw)
+    assert response.status == 200 and response.body[:2] == b"\xff\xd8", response.text()
+    predicted = foreground_of(response.body)
+    assert predicted.shape == (256, 448)  # height 256, width 448
+    assert iou(predicted, mask.bool()) >= 0.9
+
+
+@pytest.fixture
+def slow_batching_seg(server):
+    """seg.mar registered again with batch 4 and a 3 s delay, so four concurrent requests share one batch."""
+    path = "/models?url=seg.mar&model_name=seg_batch4&batch_size=4&max_batch_delay=3000&initial_workers=1&synchronous=true"
+    assert server.call("management", "POST", path).status == 200
+    try:
+        yield "/predictions/seg_batch4"
+    finally:
+        server.call("management", "DELETE", "/models/seg_batch4")
+
+
+def test_one_corrupt_image_in_a_batch_gets_400_and_the_others_200(server, slow_batching_seg):
+    good = encode_png(make_sample(5_000_300)[0]).numpy().tobytes()
+    bodies = [good, good[: len(good) // 2], good, b"definitely not an image"]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda body: post(server, slow_batching_seg, body), bodies))
+    assert [r.status for r in responses] == [200, 400, 200, 400]
+    assert [r.headers[BATCH_SIZE_HEADER] for r in responses] == ["4"] * 4  # all rode in one batch
+    assert "could not decode the png image" in json.loads(responses[1].body)["error"]
+    assert "got 23 bytes that are neither" in json.loads(responses[3].body)["error"]
+    assert responses[0].body[:4] == b"SGCM" and responses[2].body[:4] == b"SGCM"
+
+
+def test_bad_input_on_the_workflow_carries_the_seg_message_and_the_server_stays_up(server):
+    # TorchServe 0.12 answers /wfpredict with 200 whatever a node's status was; the jpeg node
+    # passes the seg node's error message on, so the client at least learns what was wrong.
+    response = post(server, "/wfpredict/seg_jpeg", b"garbage")
+    assert json.loads(response.body)["error"].startswith("expected a JPEG or PNG image")
+    healthy = post(server, "/wfpredict/seg_jpeg", encode_png(make_sample(5_000_400)[0]).numpy().tobytes())
+    assert healthy.status == 200 and healthy.body[:2] == b"\xff\xd8"
+
+
+def test_requests_without_the_token_are_refused(server):
+    response = post(server, "/wfpredict/seg_jpeg", b"x", token=None)
+    assert response.status in (400, 401)
+    assert "Token Authorization failed" in response.text()
+
+
+def test_registration_from_a_url_is_refused(server):
+    response = server.call("management", "POST", "/models?url=http://127.0.0.1:9/evil.mar")
+    assert response.status == 404
+    assert "does not match any allowed URL(s)" in response.text()
+
+
+def test_workflow_nodes_are_registered_as_models(server):
+    names = {m["modelName"] for m in server.call("management", "GET", "/models").json()["models"]}
+    assert {"seg", "jpeg", "seg_jpeg__seg", "seg_jpeg__jpeg"} <= names
