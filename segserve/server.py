@@ -55,6 +55,9 @@ def render_config(template: Path, target: Path, overrides: dict[str, str]) -> No
 def loopback_ports(port_base: int | None) -> dict[str, str]:
     """HTTP addresses on 127.0.0.1 at port_base, +1, +2 and gRPC ports at +3, +4 (free ports when None).
 
+    Free ports are chosen here and bound by TorchServe a moment later: another process
+    could take one in between, which start() then reports with the log tail.
+
     gRPC is listed because TorchServe always opens it (7070/7071 by default), which
     would collide between instances.
     """
@@ -76,8 +79,8 @@ class TorchServe:
     run_dir: Path
     model_store: Path
     config_template: Path
-    port_base: int | None = None
-    worker_port_base: int | None = None
+    port_base: int | None = None  # None: the ports in config_template
+    free_ports: bool = False  # pick free ports and a free worker-socket range (tests, benchmarks)
 
     # Lifecycle ----------------------------------------------------------------
     @property
@@ -96,8 +99,10 @@ class TorchServe:
             raise RuntimeFailure(f"TorchServe already runs from {self.run_dir} (pid {self.running_pid()}): stop it first")
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        overrides = loopback_ports(self.port_base)
-        overrides["initial_worker_port"] = str(self.worker_port_base or free_worker_port_base())
+        overrides = {}
+        if self.free_ports or self.port_base:  # a second instance: move every port it opens
+            overrides = loopback_ports(None if self.free_ports else self.port_base)
+            overrides["initial_worker_port"] = str(free_worker_port_base())
         render_config(self.config_template, self.config_path, overrides)
         self.key_file.unlink(missing_ok=True)  # a stale key file would pass the health check below
         store = str(self.model_store.resolve())

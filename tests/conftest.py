@@ -56,7 +56,9 @@ def model_store(tmp_path_factory, trained_weights) -> Path:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory, model_store):
     """A real TorchServe on free loopback ports with seg, jpeg and the seg_jpeg workflow."""
-    instance = TorchServe(run_dir=tmp_path_factory.mktemp("ts"), model_store=model_store, config_template=ROOT / "config.properties")
+    instance = TorchServe(
+        run_dir=tmp_path_factory.mktemp("ts"), model_store=model_store, config_template=ROOT / "config.properties", free_ports=True
+    )
     start_pipeline(instance)
     try:
         yield instance
