@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup build run test lint gpu-check clean
+.PHONY: setup build run bench test lint gpu-check clean
 
 setup: $(STAMP)
 
@@ -17,12 +17,17 @@ $(STAMP): setup.cfg pyproject.toml
 build: setup
 	$(BIN)/segserve build
 
-# Start TorchServe, segment the samples through /wfpredict/seg_jpeg, stop it (also on failure).
+# Start TorchServe, segment the samples through /wfpredict/seg_jpeg, stop it (also on failure),
+# then the quick benchmark suite (its own TorchServe on free ports), which prints its table.
 run: build
 	@trap '$(BIN)/segserve serve --stop' EXIT; \
 	$(BIN)/segserve serve && \
 	$(BIN)/segserve predict samples/*.jpg --out out && \
 	echo "segmented JPEGs are in $(CURDIR)/out/"
+	$(BIN)/segserve bench benchmarks/quick.yaml
+
+bench: build
+	$(BIN)/segserve bench benchmarks/grid.yaml
 
 lint: setup
 	$(BIN)/ruff check .

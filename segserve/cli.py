@@ -101,6 +101,35 @@ def cmd_scale(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    if args.suite[0] == "compare":
+        from segserve.bench.report import compare
+
+        if len(args.suite) != 3:
+            raise UsageError("usage: segserve bench compare OLD_RESULT_DIR NEW_RESULT_DIR [--tolerance 0.05]")
+        try:
+            text, regressed = compare(Path(args.suite[1]), Path(args.suite[2]), tolerance=args.tolerance)
+        except FileNotFoundError as error:
+            raise UsageError(str(error)) from None
+        print(text)
+        return 1 if regressed else 0
+    if len(args.suite) != 1:
+        raise UsageError("usage: segserve bench SUITE.yaml [--dry-run] [--resume DIR]")
+    from segserve.bench import plan
+    from segserve.bench.suite import load_suite
+
+    suite_path = Path(args.suite[0])
+    suite = load_suite(suite_path)
+    if args.dry_run:
+        print(plan.describe(suite, plan.expand(suite)))
+        return 0
+    from segserve.bench.runner import run_suite
+
+    resume = Path(args.resume) if args.resume else None
+    run_suite(suite_path, suite, Path.cwd(), Path(args.results), Path(args.weights), resume)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     from segserve.predict import TARGETS
 
@@ -142,6 +171,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="e.g. seg, jpeg, seg_jpeg__seg, seg_jpeg__jpeg")
     p.add_argument("--workers", type=int, required=True)
     p.set_defaults(run=cmd_scale)
+
+    p = sub.add_parser("bench", help="run a benchmark suite, or `bench compare OLD NEW`")
+    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW")
+    p.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
+    p.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
+    p.add_argument("--results", default="results", help="where result folders go (default: results)")
+    p.add_argument("--weights", default="weights/seg.pt", help="weights used for every seg archive")
+    p.add_argument("--tolerance", type=float, default=0.05, help="compare: relative change that counts as a regression")
+    p.set_defaults(run=cmd_bench)
     return root
 
 
@@ -150,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except UsageError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
         return 2
     except RuntimeFailure as error:
         print(f"error: {error}", file=sys.stderr)

@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from segserve.build import tool
@@ -81,6 +81,8 @@ class TorchServe:
     config_template: Path
     port_base: int | None = None  # None: the ports in config_template
     free_ports: bool = False  # pick free ports and a free worker-socket range (tests, benchmarks)
+    config_overrides: dict[str, str] = field(default_factory=dict)  # more config.properties keys
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (workers inherit it), e.g. OMP_NUM_THREADS
 
     # Lifecycle ----------------------------------------------------------------
     @property
@@ -99,9 +101,9 @@ class TorchServe:
             raise RuntimeFailure(f"TorchServe already runs from {self.run_dir} (pid {self.running_pid()}): stop it first")
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        overrides = {}
+        overrides = dict(self.config_overrides)
         if self.free_ports or self.port_base:  # a second instance: move every port it opens
-            overrides = loopback_ports(None if self.free_ports else self.port_base)
+            overrides.update(loopback_ports(None if self.free_ports else self.port_base))
             overrides["initial_worker_port"] = str(free_worker_port_base())
         render_config(self.config_template, self.config_path, overrides)
         self.key_file.unlink(missing_ok=True)  # a stale key file would pass the health check below
@@ -121,6 +123,7 @@ class TorchServe:
         log("$ " + " ".join(command))
         env = {
             **os.environ,
+            **self.env,
             "TMPDIR": str(self.run_dir / "tmp"),
             "LOG_LOCATION": str(self.run_dir / "logs"),
             "METRICS_LOCATION": str(self.run_dir / "logs"),
@@ -216,6 +219,19 @@ class TorchServe:
     def scale(self, model: str, workers: int) -> Response:
         path = f"/models/{model}?min_worker={workers}&max_worker={workers}&synchronous=true"
         return self._expect_ok(self.call("management", "PUT", path), f"scaling {model} to {workers} worker(s)")
+
+    def unregister(self, kind: str, name: str) -> None:
+        """DELETE a model or workflow (kind "models" or "workflows"); a missing one is not an error."""
+        response = self.call("management", "DELETE", f"/{kind}/{name}")
+        if response.status not in (200, 404):
+            self._expect_ok(response, f"unregistering {kind[:-1]} {name}")
+
+    def process_ids(self) -> list[int]:
+        """The torchserve launcher, the Java frontend and every worker: the server's process group."""
+        pid = self.running_pid()
+        if pid is None:
+            return []
+        return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_live_member(p, pid)]
 
     def describe(self, model: str) -> dict:
         return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]

@@ -1,0 +1,47 @@
+"""Request bodies for each target: image files, raw tensors, and class maps for the jpeg member."""
+
+import glob
+from pathlib import Path
+
+import torch
+import yaml
+
+from segserve.bench.suite import Suite
+from segserve.synthetic import make_sample
+from segserve.train import normalise
+
+TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def request_bodies(suite: Suite) -> list[bytes]:
+    """What clients send to seg, the workflow and the fused pipeline, in suite order."""
+    bodies = []
+    for spec in suite.inputs:
+        if spec.images is not None:
+            bodies += [Path(p).read_bytes() for pattern in spec.images for p in sorted(glob.glob(pattern))]
+        else:
+            raw = spec.raw
+            for index in range(raw.count):
+                image, _ = make_sample(raw.seed + index, raw.shape[1], raw.shape[2])
+                tensor = normalise(image[None])[0].to(TORCH_DTYPES[raw.dtype])
+                bodies.append(tensor.view(torch.uint8).numpy().tobytes())
+    return bodies
+
+
+def class_maps(bodies: list[bytes], weights: Path, seg_config_path: Path) -> list[bytes]:
+    """The jpeg member's inputs: what the seg handler answers for `bodies`, computed in process."""
+    from ts.context import Context, RequestProcessor
+
+    from handlers.segmentation import SegmentationHandler
+
+    config = yaml.safe_load(seg_config_path.read_text())
+    manifest = {"model": {"modelName": "seg", "serializedFile": weights.name}}
+    context = Context("seg", str(weights.parent), manifest, len(bodies), None, "0.12.0", model_yaml_config=config)
+    context.request_processor = [RequestProcessor({}) for _ in bodies]
+    handler = SegmentationHandler()
+    handler.initialize(context)
+    maps = handler.handle([{"body": body} for body in bodies], context)
+    refused = [i for i in range(len(bodies)) if context.get_response_status(i)[0] != 200]
+    if refused:
+        raise ValueError(f"inputs {refused} are refused by the seg handler: {maps[refused[0]][:200]!r}")
+    return maps

@@ -1,0 +1,375 @@
+"""Run a suite against a live TorchServe: reconfigure as little as possible, measure each point, save results.
+
+One JSON per point under runs/ as soon as it is measured (so --resume can skip
+it), then summary.csv/jsonl, report.md, plots and best/ at the end.
+"""
+
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC
+from pathlib import Path
+
+import yaml
+
+from segserve.bench import plan as planning
+from segserve.bench import report
+from segserve.bench.inputs import class_maps, request_bodies
+from segserve.bench.load import LoadSpec, run_load
+from segserve.bench.schema import best
+from segserve.bench.server_metrics import ProcessSampler, per_request_ms, scrape
+from segserve.bench.stats import latency_summary, spread, stable_tail
+from segserve.bench.suite import Suite
+from segserve.build import archive_model, archive_workflow, stage_handler_package, write_model_config
+from segserve.errors import UsageError
+from segserve.server import TorchServe
+
+PATHS = {
+    "seg": "/predictions/seg",
+    "jpeg": "/predictions/jpeg",
+    "seg_jpeg": "/wfpredict/seg_jpeg",
+    "seg_jpeg_fused": "/predictions/seg_jpeg_fused",
+}
+MODELS = {"seg": ["seg"], "jpeg": ["jpeg"], "seg_jpeg": ["seg_jpeg__seg", "seg_jpeg__jpeg"], "seg_jpeg_fused": ["seg_jpeg_fused"]}
+CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
+
+
+def environment(root: Path) -> dict:
+    from importlib.metadata import version
+
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"
+    )
+    git = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+    return {
+        "cpu_model": cpu,
+        "cpu_cores": len(__import__("os").sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "torchvision": version("torchvision"),
+        "torchserve": version("torchserve"),
+        "java": java[0] if java else "?",
+        "git_sha": (git.stdout.strip() or "?") + ("-dirty" if dirty else ""),
+    }
+
+
+class Bench:
+    def __init__(self, suite: Suite, root: Path, out_dir: Path, weights: Path, log=print):
+        self.suite, self.root, self.out_dir, self.weights, self.log = suite, root, out_dir, weights, log
+        self.points = planning.expand(suite)
+        self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-"))
+        self.server: TorchServe | None = None
+        self.server_key = self.registered_key = None
+        self.current_workers: dict[str, int] = {}
+
+    # Archives ------------------------------------------------------------------
+    def build_archives(self) -> None:
+        """One seg.mar per precision and one jpeg.mar per quality in the grid (handler settings live in the archive)."""
+        archive = self.suite.grid.archive
+        staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
+        extra = stage_handler_package(self.root, staging)
+        quiet = lambda _: None  # noqa: E731
+        for precision in archive.precision:
+            config = write_model_config(
+                self.root / "model_config" / "seg.yaml", staging / f"seg-{precision}.yaml", {"precision": precision}
+            )
+            archive_model(f"seg-{precision}", self.root / "handlers" / "segmentation", self.weights, config, extra, self.store, quiet)
+        for quality in archive.jpeg_quality:
+            config = write_model_config(self.root / "model_config" / "jpeg.yaml", staging / f"jpeg-q{quality}.yaml", {"quality": quality})
+            archive_model(f"jpeg-q{quality}", self.root / "handlers" / "jpeg", None, config, extra, self.store, quiet)
+        shutil.rmtree(staging)
+
+    # Reconfiguration -------------------------------------------------------------
+    def ensure_server(self, point: planning.Point) -> None:
+        if self.server is not None and self.server_key == point.server:
+            return
+        self.stop_server()
+        params = dict(point.server)
+        env = {"OMP_NUM_THREADS": str(params["omp_num_threads"])} if "omp_num_threads" in params else {}
+        overrides = {"number_of_netty_threads": str(params["netty_threads"])} if "netty_threads" in params else {}
+        run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
+        self.server = TorchServe(run_dir, self.store, self.root / "config.properties", free_ports=True, config_overrides=overrides, env=env)
+        self.server.start(log=lambda _: None)
+        self.server_key, self.registered_key, self.current_workers = point.server, None, {}
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            shutil.rmtree(self.server.run_dir, ignore_errors=True)
+        self.server = self.server_key = self.registered_key = None
+
+    def ensure_registered(self, point: planning.Point) -> None:
+        key = (point.target, point.archive)
+        if self.registered_key == key:
+            return
+        server, archive, workers = self.server, dict(point.archive), point.workers
+        if self.registered_key is not None:
+            previous = self.registered_key[0]
+            if previous == "seg_jpeg":
+                server.unregister("workflows", "seg_jpeg")
+            else:
+                server.unregister("models", previous)
+        self.registered_key = None
+        seg_mar, jpeg_mar = f"seg-{archive.get('precision')}.mar", f"jpeg-q{archive.get('jpeg_quality')}.mar"
+        batching = f"batch_size={archive['batch_size']}&max_batch_delay={archive['max_batch_delay_ms']}"
+        if point.target in ("seg", "jpeg"):
+            url = seg_mar if point.target == "seg" else jpeg_mar
+            path = f"/models?url={url}&model_name={point.target}&{batching}&initial_workers={workers[point.target]}&synchronous=true"
+            server._expect_ok(server.call("management", "POST", path), f"registering {point.target}")
+        elif point.target == "seg_jpeg":
+            spec = {
+                "models": {
+                    "batch-size": archive["batch_size"],
+                    "max-batch-delay": archive["max_batch_delay_ms"],
+                    "timeout-ms": 120000,
+                    "seg": {"url": seg_mar, "min-workers": workers["seg"], "max-workers": workers["seg"]},
+                    "jpeg": {"url": jpeg_mar, "min-workers": workers["jpeg"], "max-workers": workers["jpeg"]},
+                },
+                "dag": {"seg": ["jpeg"]},
+            }
+            spec_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-spec-"))
+            (spec_dir / "seg_jpeg.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+            shutil.copy(self.root / "workflows" / "seg_jpeg_handler.py", spec_dir)
+            archive_workflow(spec_dir / "seg_jpeg.yaml", self.store, lambda _: None)
+            server.register_workflow("seg_jpeg.war", "seg_jpeg", log=lambda _: None)
+            shutil.rmtree(spec_dir)
+        else:
+            raise UsageError("target seg_jpeg_fused needs the fused pipeline archive, which does not exist yet")
+        for model in MODELS[point.target]:
+            server.wait_ready(model)
+        self.registered_key = key
+        self.current_workers = dict(workers)
+
+    def ensure_workers(self, point: planning.Point) -> None:
+        for stage, count in point.workers.items():
+            if self.current_workers.get(stage) != count:
+                model = f"seg_jpeg__{stage}" if point.target == "seg_jpeg" else point.target
+                self.server.scale(model, count)
+                self.current_workers[stage] = count
+
+    # Measurement -----------------------------------------------------------------
+    def measure(self, point: planning.Point, bodies: list[bytes]) -> dict:
+        load, params, server = self.suite.load, point.params, self.server
+        spec = LoadSpec(
+            url=server.url("inference"),
+            path=PATHS[point.target],
+            bodies=bodies,
+            token=server.token("inference"),
+            concurrency=params.get("concurrency", load.max_connections),
+            request_rate_rps=params.get("request_rate_rps"),
+            arrival=load.arrival,
+            timeout_s=load.timeout_s,
+        )
+        window_s, warmup_s = load.window_s, load.warmup_s
+
+        def window_rates(result) -> list[float]:
+            done = int((max(result.end_s, default=0.0) - warmup_s) // window_s)
+            edges = [warmup_s + k * window_s for k in range(done + 1)]
+            return [sum(result.window(a, b).ok) / window_s for a, b in zip(edges, edges[1:], strict=False)]
+
+        def settled(result) -> bool:
+            return stable_tail(window_rates(result), load.stable_windows, load.stability_tolerance)
+
+        metrics_url = server.url("metrics")
+        before, sampler = scrape(metrics_url), ProcessSampler(server.process_ids())
+        sampler.start()
+        result = run_load(spec, warmup_s + load.max_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
+        server_usage, after = sampler.stop(), scrape(metrics_url)
+        rates = window_rates(result)
+        stable = stable_tail(rates, load.stable_windows, load.stability_tolerance)
+        used = load.stable_windows if stable else len(rates)
+        start_s = warmup_s + (len(rates) - used) * window_s
+        measured = result.window(start_s, warmup_s + len(rates) * window_s)
+        ok_latencies = [lat for lat, ok in zip(measured.latency_ms, measured.ok, strict=True) if ok]
+        requests_ok = len(ok_latencies)
+        client_cpu_pct = 100 * result.client_cpu_s / result.wall_s if result.wall_s else None
+        return {
+            "duration_s": measured.wall_s,
+            "requests_ok": requests_ok,
+            "requests_failed": len(measured.status) - requests_ok,
+            "failures_by_status": {k: v for k, v in measured.status_counts().items() if not k.startswith("2")},
+            "throughput_rps": requests_ok / measured.wall_s if measured.wall_s else 0.0,
+            **latency_summary(ok_latencies),
+            **per_request_ms(before, after, MODELS[point.target], len(result.status)),
+            "client_cpu_pct": client_cpu_pct,
+            "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
+            "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
+            "stable": stable,
+            "windows": len(rates),
+            "window_throughputs_rps": rates,
+            "window_spread": spread(rates[-used:]) if rates else None,
+            "warmup_s": warmup_s,
+            **server_usage,
+        }
+
+    def record_for(self, point: planning.Point, reconfigure_s: float, metrics: dict | None, error: str | None) -> dict:
+        params, workers = point.params, point.workers
+        return {
+            "run_id": point.run_id,
+            "target": point.target,
+            "workers": next(iter(workers.values())),
+            "batch_size": params["batch_size"],
+            "max_batch_delay_ms": params["max_batch_delay_ms"],
+            "concurrency": params.get("concurrency"),
+            "request_rate_rps": params.get("request_rate_rps"),
+            **params,
+            **(metrics or {}),
+            "reconfigure_s": round(reconfigure_s, 3),
+            "error": error,
+        }
+
+    # The whole run -----------------------------------------------------------------
+    def run(self, environment_info: dict) -> list[dict]:
+        runs_dir = self.out_dir / "runs"
+        runs_dir.mkdir(parents=True, exist_ok=True)
+        done = {p.stem: json.loads(p.read_text()) for p in runs_dir.glob("*.json")}
+        todo = [p for p in self.points if p.run_id not in done]
+        if done:
+            self.log(f"resuming: {len(self.points) - len(todo)} of {len(self.points)} points already measured")
+        if not todo:
+            return [done[p.run_id] for p in self.points]
+        bodies = request_bodies(self.suite)
+        bodies_for = {target: bodies for target in PATHS}
+        if "jpeg" in self.suite.targets:
+            bodies_for["jpeg"] = class_maps(bodies, self.weights, self.root / "model_config" / "seg.yaml")
+        self.build_archives()
+        progress = Progress(len(todo), self.log)
+        try:
+            for point in todo:
+                started = time.monotonic()
+                metrics = error = None
+                try:
+                    self.ensure_server(point)
+                    self.ensure_registered(point)
+                    self.ensure_workers(point)
+                    reconfigure_s = time.monotonic() - started
+                    metrics = self.measure(point, bodies_for[point.target])
+                except Exception as failure:  # one failed point must not lose the others
+                    reconfigure_s = time.monotonic() - started
+                    error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+                    self.stop_server()  # start clean for the next point
+                record = {**self.record_for(point, reconfigure_s, metrics, error), "environment": environment_info}
+                (runs_dir / f"{point.run_id}.json").write_text(json.dumps(record, indent=2) + "\n")
+                done[point.run_id] = record
+                progress.step(point, record, time.monotonic() - started)
+        finally:
+            self.stop_server()
+            shutil.rmtree(self.store, ignore_errors=True)
+        return [done[p.run_id] for p in self.points if p.run_id in done]
+
+    def bare_throughputs(self, records: list[dict]) -> list[dict]:
+        """The bare forward throughput for every (batch size, threads) that seg ran with."""
+        combos = sorted({(r["batch_size"], r.get("omp_num_threads")) for r in records if r["target"] != "jpeg"}, key=str)
+        results = []
+        for batch_size, threads in combos:
+            threads = threads or len(__import__("os").sched_getaffinity(0))
+            command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(self.weights)]
+            command += ["--batch-size", str(batch_size), "--threads", str(threads)]
+            done = subprocess.run(
+                command, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": str(threads)}
+            )
+            if done.returncode == 0:
+                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            else:
+                self.log(f"bare forward at batch {batch_size}, {threads} threads failed: {done.stderr.strip()[-300:]}")
+        return results
+
+
+class Progress:
+    """One line per finished point, with a bar and an ETA from the mean time per point so far."""
+
+    def __init__(self, total: int, log):
+        self.total, self.log, self.done, self.started = total, log, 0, time.monotonic()
+
+    def step(self, point: planning.Point, record: dict, elapsed_s: float) -> None:
+        self.done += 1
+        eta_s = (time.monotonic() - self.started) / self.done * (self.total - self.done)
+        bar = "#" * round(20 * self.done / self.total)
+        params = " ".join(f"{k}={v}" for k, v in point.params.items())
+        if record["error"]:
+            outcome = f"FAILED {record['error']}"
+        else:
+            outcome = f"{record['throughput_rps']:.1f} req/s, p99 {record['latency_p99_ms'] or float('nan'):.0f} ms"
+        self.log(f"[{bar:<20}] {self.done}/{self.total} {point.target} {params}: {outcome} ({elapsed_s:.0f}s; ETA {eta_s / 60:.1f} min)")
+
+
+def write_best(out_dir: Path, root: Path, records: list[dict], suite: Suite) -> dict | None:
+    """best/config.properties and best/seg_jpeg.yaml from the best pipeline point (else the best point of any target)."""
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    for target in ("seg_jpeg", "seg_jpeg_fused", "seg", "jpeg"):
+        chosen = best([r for r in records if r["target"] == target], constraints, suite.objective)
+        if chosen:
+            break
+    else:
+        return None
+    best_dir = out_dir / "best"
+    best_dir.mkdir(exist_ok=True)
+    overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
+    from segserve.server import render_config
+
+    render_config(root / "config.properties", best_dir / "config.properties", overrides)
+    note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s)."
+    if chosen.get("omp_num_threads"):
+        note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
+    text = (best_dir / "config.properties").read_text()
+    (best_dir / "config.properties").write_text(note + "\n" + text)
+    spec = yaml.safe_load((root / "workflows" / "seg_jpeg.yaml").read_text())
+    spec["models"]["batch-size"] = chosen["batch_size"]
+    spec["models"]["max-batch-delay"] = chosen["max_batch_delay_ms"]
+    for stage in ("seg", "jpeg"):
+        workers = chosen.get(f"{stage}_workers") or chosen["workers"]
+        spec["models"][stage].update({"min-workers": workers, "max-workers": workers})
+    (best_dir / "seg_jpeg.yaml").write_text(f"# From {chosen['run_id']} ({chosen['target']}).\n" + yaml.safe_dump(spec, sort_keys=False))
+    return chosen
+
+
+def run_suite(suite_path: Path, suite: Suite, root: Path, results_root: Path, weights: Path, resume: Path | None, log=print) -> Path:
+    """Measure every point (skipping finished ones with --resume) and write the result folder; return it."""
+    from datetime import datetime
+
+    if not weights.exists():
+        raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
+    if resume is not None:
+        if not (resume / "runs").is_dir():
+            raise UsageError(f"--resume {resume}: not a result folder (no runs/ inside)")
+        out_dir = resume
+    else:
+        out_dir = results_root / suite.name / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(suite_path, out_dir / "suite.yaml")
+    env_info = environment(root)
+    bench = Bench(suite, root, out_dir, weights, log)
+    log(planning.describe(suite, bench.points).splitlines()[-1])
+    records = bench.run(env_info)
+    log("measuring the bare model's forward throughput (the compute limit) …")
+    bare = bench.bare_throughputs(records)
+    (out_dir / "bare.json").write_text(json.dumps(bare, indent=2) + "\n")
+    swept = planning.swept(bench.points)
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    report.write_summary(out_dir, records, swept)
+    report_path = report.write_report(out_dir, suite.name, records, swept, constraints, suite.objective, bare, env_info)
+    write_best(out_dir, root, records, suite)
+    log(terminal_summary(records, swept, constraints, suite.objective, bare))
+    log(f"results: {out_dir}  (report: {report_path})")
+    return out_dir
+
+
+def terminal_summary(records: list[dict], swept: list[str], constraints: dict, objective: str, bare: list[dict]) -> str:
+    """What a user sees at the end of a run: every point in one table, then the efficiency table."""
+    columns = ["run_id", *[p for p in swept if p != "target"], "throughput_rps", "latency_p50_ms", "latency_p99_ms"]
+    columns += ["requests_failed", "server_queue_ms", "reconfigure_s", "error"]
+    text = "\n" + report.render_table(records, columns)
+    rows = report.efficiency(records, constraints, objective, bare)
+    if rows:
+        text += "\n\nPipeline efficiency (best point of each target):\n"
+        text += report.render_table(rows, ["pipeline", "pipeline_rps", "seg_rps", "jpeg_rps", "shared_bound_rps", "ratio_shared"])
+        text += "\n\n" + report.render_table(
+            rows, ["pipeline", "disjoint_bound_rps", "ratio_disjoint", "bare_rps", "ratio_bare", "bare_batch_size"]
+        )
+    return text

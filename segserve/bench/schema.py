@@ -1,0 +1,97 @@
+"""What a benchmark run point records: the columns, and each metric's unit and direction.
+
+One table for every metric (tag, unit, direction), used by constraints, the
+objective, the report and `bench compare`. Records are flat dicts with units
+in the names; `summary.csv` has one row per run point.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    tag: str
+    unit: str
+    higher_is_better: bool
+    description: str
+
+
+METRICS = {
+    m.tag: m
+    for m in [
+        Metric("throughput_rps", "req/s", True, "successful responses per second in the measured windows"),
+        Metric("latency_mean_ms", "ms", False, "mean latency of successful requests"),
+        Metric("latency_p50_ms", "ms", False, "median latency"),
+        Metric("latency_p90_ms", "ms", False, "90th percentile latency"),
+        Metric("latency_p99_ms", "ms", False, "99th percentile latency"),
+        Metric("latency_max_ms", "ms", False, "slowest successful request"),
+        Metric("requests_ok", "requests", True, "successful requests measured"),
+        Metric("requests_failed", "requests", False, "failed requests measured (any non-2xx status, timeout, connection error)"),
+        Metric("server_queue_ms", "ms", False, "mean time a request waited in TorchServe's queue (Prometheus)"),
+        Metric("server_inference_ms", "ms", False, "mean time from dequeue to response in the frontend (Prometheus)"),
+        Metric("client_cpu_pct", "% of one core", False, "load generator CPU use during measurement"),
+        Metric("client_cpu_ms_per_request", "ms", False, "load generator CPU time per request"),
+        Metric("server_cpu_pct", "% of one core", False, "frontend + workers CPU use during measurement (psutil)"),
+        Metric("server_rss_mb", "MB", False, "frontend + workers resident memory at the end of measurement"),
+        Metric("reconfigure_s", "s", False, "time spent restarting, registering or scaling before this point"),
+        Metric("warmup_s", "s", False, "warm-up time before measurement"),
+    ]
+}
+
+# Columns every summary row has, in order (DESIGN.md); swept parameters follow them.
+BASE_COLUMNS = [
+    "run_id",
+    "target",
+    "workers",
+    "batch_size",
+    "max_batch_delay_ms",
+    "concurrency",
+    "request_rate_rps",
+    "duration_s",
+    "requests_ok",
+    "requests_failed",
+    "throughput_rps",
+    "latency_mean_ms",
+    "latency_p50_ms",
+    "latency_p90_ms",
+    "latency_p99_ms",
+    "latency_max_ms",
+    "server_queue_ms",
+    "client_cpu_pct",
+]
+EXTRA_COLUMNS = [
+    "server_inference_ms",
+    "client_cpu_ms_per_request",
+    "client_saturated",
+    "stable",
+    "windows",
+    "server_cpu_pct",
+    "server_rss_mb",
+    "reconfigure_s",
+    "warmup_s",
+    "error",
+]
+
+
+def satisfies(record: dict, constraints: dict[str, dict[str, float]]) -> bool:
+    """True when every constrained metric is present and within {min, max}; failed runs never satisfy."""
+    if record.get("error"):
+        return False
+    for tag, bounds in constraints.items():
+        value = record.get(tag)
+        if value is None:
+            return False
+        if "max" in bounds and value > bounds["max"]:
+            return False
+        if "min" in bounds and value < bounds["min"]:
+            return False
+    return True
+
+
+def best(records: list[dict], constraints: dict[str, dict[str, float]], objective: str) -> dict | None:
+    """The record that satisfies the constraints with the best objective value, or None."""
+    feasible = [r for r in records if satisfies(r, constraints) and r.get(objective) is not None]
+    if not feasible:
+        return None
+    sign = 1 if METRICS[objective].higher_is_better else -1
+    return max(feasible, key=lambda r: sign * r[objective])

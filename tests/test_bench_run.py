@@ -1,0 +1,91 @@
+"""A 2-point suite against a real TorchServe: every output file and column, resume and compare."""
+
+import csv
+import json
+import textwrap
+
+import pytest
+import yaml
+
+from segserve.bench.schema import BASE_COLUMNS
+from segserve.cli import main
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def result_dir(tmp_path_factory, trained_weights):
+    base = tmp_path_factory.mktemp("bench")
+    suite = base / "two.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            f"""
+            targets: [jpeg, seg_jpeg]
+            inputs:
+              - images: ["{ROOT / "samples" / "shapes_0.jpg"}"]
+              - raw: {{count: 1}}
+            grid:
+              archive: {{batch_size: [4], jpeg_quality: [85]}}
+              load: {{concurrency: [2]}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            constraints: {{requests_failed: {{max: 0}}}}
+            """
+        )
+    )
+    args = ["bench", str(suite), "--results", str(base / "results"), "--weights", str(trained_weights)]
+    assert main(args) == 0
+    (folder,) = (base / "results" / "two").iterdir()
+    return folder, args
+
+
+def test_every_output_file_is_written(result_dir):
+    folder, _ = result_dir
+    runs = sorted((folder / "runs").glob("*.json"))
+    assert [p.stem.split("-")[0] for p in runs] == ["jpeg", "seg_jpeg"]
+    for name in ("summary.csv", "summary.jsonl", "report.md", "bare.json", "suite.yaml", "best/config.properties", "best/seg_jpeg.yaml"):
+        assert (folder / name).is_file(), name
+    plots = list((folder / "plots").glob("*.png"))
+    assert plots and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
+
+
+def test_run_records_hold_parameters_environment_and_metrics(result_dir):
+    folder, _ = result_dir
+    for path in (folder / "runs").glob("*.json"):
+        record = json.loads(path.read_text())
+        assert record["error"] is None, record["error"]
+        assert record["requests_ok"] > 0 and record["requests_failed"] == 0
+        assert record["throughput_rps"] > 0 and 0 < record["latency_p50_ms"] <= record["latency_p99_ms"] <= record["latency_max_ms"]
+        assert record["server_queue_ms"] is not None and record["server_queue_ms"] >= 0
+        assert record["batch_size"] == 4 and record["jpeg_quality"] == 85 and record["concurrency"] == 2
+        assert {"cpu_model", "cpu_cores", "torch", "torchserve", "git_sha"} <= record["environment"].keys()
+        assert record["reconfigure_s"] >= 0 and record["windows"] >= 2
+
+
+def test_summary_has_the_design_columns_and_one_row_per_point(result_dir):
+    folder, _ = result_dir
+    with open(folder / "summary.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0].keys())[: len(BASE_COLUMNS)] == BASE_COLUMNS
+    assert len(rows) == 2 and {r["target"] for r in rows} == {"jpeg", "seg_jpeg"}
+    assert all(float(r["throughput_rps"]) > 0 for r in rows)
+    lines = (folder / "summary.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in lines] == [r["run_id"] for r in rows]
+
+
+def test_report_and_best_config(result_dir):
+    folder, _ = result_dir
+    report = (folder / "report.md").read_text()
+    assert "## Best configuration" in report and "seg_jpeg" in report
+    spec = yaml.safe_load((folder / "best" / "seg_jpeg.yaml").read_text())
+    assert spec["models"]["batch-size"] == 4 and spec["dag"] == {"seg": ["jpeg"]}
+    assert "disable_token_authorization=false" in (folder / "best" / "config.properties").read_text()
+
+
+def test_resume_skips_finished_points_and_compare_finds_no_regression(result_dir, capsys):
+    folder, args = result_dir
+    before = {p.name: p.stat().st_mtime for p in (folder / "runs").glob("*.json")}
+    assert main([*args, "--resume", str(folder)]) == 0
+    assert "resuming: 2 of 2 points already measured" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime for p in (folder / "runs").glob("*.json")} == before
+    assert main(["bench", "compare", str(folder), str(folder)]) == 0

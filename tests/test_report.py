@@ -1,0 +1,225 @@
+"""Results rendering: summary files, the efficiency table, report.md with plots, and `bench compare`."""
+
+import csv
+import json
+
+import pytest
+
+from segserve.bench.report import _pareto_front, compare, efficiency, read_summary, render_table, write_report, write_summary
+from segserve.bench.schema import BASE_COLUMNS, EXTRA_COLUMNS
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+P99_MAX = {"latency_p99_ms": {"max": 200}}
+BARE = [
+    {"batch_size": 8, "threads": 4, "throughput_ips": 95.0},  # faster, but not the pipeline's thread count
+    {"batch_size": 8, "threads": 2, "throughput_ips": 80.0},
+    {"batch_size": 1, "threads": 2, "throughput_ips": 23.0},
+]
+
+
+def record(run_id: str, target: str, throughput_rps: float | None, latency_p99_ms: float | None, **extra) -> dict:
+    """A full record as the bench engine writes it; `extra` overrides or adds keys."""
+    row = {c: None for c in BASE_COLUMNS + EXTRA_COLUMNS}
+    row.update(
+        run_id=run_id,
+        target=target,
+        workers=1,
+        batch_size=8,
+        concurrency=8,
+        duration_s=9.1,
+        requests_ok=400,
+        requests_failed=0,
+        throughput_rps=throughput_rps,
+        latency_p50_ms=None if latency_p99_ms is None else latency_p99_ms / 2,
+        latency_p99_ms=latency_p99_ms,
+        stable=True,
+        client_saturated=False,
+        reconfigure_s=2.0,
+        warmup_s=1.0,
+        omp_num_threads=2,
+    )
+    row.update(extra)
+    return row
+
+
+@pytest.fixture
+def records() -> list[dict]:
+    return [
+        record("seg-ok", "seg", 100.0, 150.0),
+        record("seg-fast-but-slow-tail", "seg", 150.0, 500.0),  # violates P99_MAX
+        record("jpeg-only", "jpeg", 300.0, 40.0, stable=False, reconfigure_s=4.0, warmup_s=2.0),
+        record("wf-8", "seg_jpeg", 60.0, 180.0, client_saturated=True),
+        record("wf-1", "seg_jpeg", 20.0, 120.0, batch_size=1),
+        record("fused-1", "seg_jpeg_fused", 50.0, 100.0, seg_batch_size=1, omp_num_threads=4),
+        record("wf-broken", "seg_jpeg", None, None, error="worker died | exit 137", requests_ok=None, requests_failed=None),
+    ]
+
+
+def test_summary_csv_puts_swept_columns_once_between_base_and_extra(tmp_path, records):
+    # batch_size is already a base column and omp_num_threads is listed twice: each must appear once
+    write_summary(tmp_path, records, ["batch_size", "omp_num_threads", "omp_num_threads", "seg_batch_size"])
+    with open(tmp_path / "summary.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == BASE_COLUMNS + ["omp_num_threads", "seg_batch_size"] + EXTRA_COLUMNS
+    assert len(rows) == 1 + len(records)
+    broken = dict(zip(rows[0], rows[-1], strict=True))
+    assert broken["throughput_rps"] == "" and broken["seg_batch_size"] == ""
+    assert broken["error"] == "worker died | exit 137"
+
+
+def test_summary_jsonl_round_trips(tmp_path, records):
+    write_summary(tmp_path, records, ["omp_num_threads", "seg_batch_size"])
+    loaded = read_summary(tmp_path)
+    assert len(loaded) == len(records)
+    for original, back in zip(records, loaded, strict=True):
+        assert back == {k: original.get(k) for k in back}
+        assert list(back) == BASE_COLUMNS + ["omp_num_threads", "seg_batch_size"] + EXTRA_COLUMNS
+
+
+def test_efficiency_bounds_and_bare_pick(records):
+    rows = {row["pipeline"]: row for row in efficiency(records, P99_MAX, "throughput_rps", BARE)}
+    assert set(rows) == {"seg_jpeg", "seg_jpeg_fused"}
+    wf = rows["seg_jpeg"]
+    # the 150 req/s seg point breaks the p99 constraint, so Ts is 100
+    assert (wf["pipeline_rps"], wf["seg_rps"], wf["jpeg_rps"]) == (60.0, 100.0, 300.0)
+    assert wf["shared_bound_rps"] == pytest.approx(75.0)
+    assert wf["ratio_shared"] == pytest.approx(0.8)
+    assert wf["disjoint_bound_rps"] == 100.0
+    assert wf["ratio_disjoint"] == pytest.approx(0.6)
+    # batch 8 with 2 threads matches exactly
+    assert (wf["bare_rps"], wf["bare_batch_size"], wf["bare_threads"]) == (80.0, 8, 2)
+    assert wf["ratio_bare"] == pytest.approx(0.75)
+    # seg_batch_size wins over batch_size; no 4-thread entry, so any batch-1 entry
+    fused = rows["seg_jpeg_fused"]
+    assert (fused["bare_rps"], fused["bare_batch_size"], fused["bare_threads"]) == (23.0, 1, 2)
+
+
+def test_efficiency_without_matching_bare_leaves_bare_fields_empty(records):
+    rows = efficiency(records, P99_MAX, "throughput_rps", [{"batch_size": 32, "threads": 2, "throughput_ips": 50.0}])
+    assert all(row["bare_rps"] is None and row["ratio_bare"] is None and row["bare_threads"] is None for row in rows)
+    assert rows[0]["ratio_shared"] == pytest.approx(0.8)
+
+
+def test_efficiency_is_empty_without_members_or_pipeline(records):
+    no_jpeg = [r for r in records if r["target"] != "jpeg"]
+    members_only = [r for r in records if r["target"] in ("seg", "jpeg")]
+    assert efficiency(no_jpeg, P99_MAX, "throughput_rps", BARE) == []
+    assert efficiency(members_only, P99_MAX, "throughput_rps", BARE) == []
+    # members exist but none meets the constraint
+    assert efficiency(records, {"latency_p99_ms": {"max": 1}}, "throughput_rps", BARE) == []
+
+
+def test_render_table_rounds_and_marks_missing():
+    table = render_table([{"a": 123.456, "b": None, "c": 0.123456, "d": 44.0, "e": "x|y", "f": True}], list("abcdef"))
+    lines = table.splitlines()
+    assert lines[0] == "| a | b | c | d | e | f |"
+    assert lines[2] == "| 123 | – | 0.123 | 44.0 | x\\|y | yes |"
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = [(10.0, 50.0), (20.0, 60.0), (15.0, 70.0), (30.0, 200.0), (5.0, 40.0)]
+    # (15, 70) is beaten by (20, 60) on both throughput and p99
+    assert _pareto_front(points) == [(5.0, 40.0), (10.0, 50.0), (20.0, 60.0), (30.0, 200.0)]
+
+
+def test_report_sections_best_under_constraints_and_plots(tmp_path, records):
+    environment = {"cpu_model": "Test CPU", "cores": 2, "versions": {"torch": "2.9"}, "git_sha": "abc1234"}
+    swept = ["batch_size", "omp_num_threads"]
+    path = write_report(tmp_path, "quick", records, swept, P99_MAX, "throughput_rps", BARE, environment)
+    text = path.read_text()
+    assert path == tmp_path / "report.md"
+    for heading in ["# Benchmark report: quick", "## Environment", "## Best configuration", "## Pipeline efficiency", "## seg", "## Flags"]:
+        assert heading in text
+    assert "| git_sha | abc1234 |" in text
+    assert "throughput_rps (req/s, higher is better)" in text
+    assert "latency_p99_ms ≤ 200 ms" in text
+
+    best_seg = next(line for line in text.splitlines() if line.startswith("- **seg**"))
+    assert "`seg-ok`" in best_seg  # the faster point breaks the p99 limit
+    violating_row = next(line for line in text.splitlines() if "seg-fast-but-slow-tail" in line)
+    assert "✗ violates latency_p99_ms" in violating_row
+    lines = text.splitlines()
+    assert "| ★ best | seg-ok | 8 | 2 | 100 | 75.0 | 150 |" in text
+    # sorted by the objective alone: the faster (violating) point comes first
+    assert lines.index(violating_row) < next(i for i, line in enumerate(lines) if line.startswith("| ★ best | seg-ok |"))
+
+    # failed point listed with its error (pipe escaped), not in a table row
+    assert "- `wf-broken`: worker died \\| exit 137" in text
+    flags = text.split("## Flags")[1]
+    assert "not stable: `jpeg-only`" in flags and "saturated (its numbers understate the server): `wf-8`" in flags
+    # jpeg: reconfigure 4 + warm-up 2 = 6 s outside measurement
+    assert "| jpeg | 1 | 6.0 | 6.0 | 6.0 | 6.0 |" in text
+
+    links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    expected = {f"plots/throughput_vs_p99_{t}.png" for t in ["seg", "jpeg", "seg_jpeg", "seg_jpeg_fused"]}
+    expected |= {"plots/throughput_by_batch_size.png", "plots/throughput_by_omp_num_threads.png"}
+    assert set(links) == expected
+    for link in links:
+        assert (tmp_path / link).read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_report_with_nothing_satisfying_and_only_failed_points(tmp_path):
+    failed = record("seg-broken", "seg", None, None, error="startup timeout", reconfigure_s=None, warmup_s=None, stable=None)
+    single = record("jpeg-one", "jpeg", 300.0, 400.0)
+    path = write_report(tmp_path, "tiny", [failed, single], ["jpeg_quality"], P99_MAX, "latency_p99_ms", [], {})
+    text = path.read_text()
+    assert "- **seg**: no point satisfied the constraints." in text
+    assert "- **jpeg**: no point satisfied the constraints." in text
+    assert "## Pipeline efficiency" not in text
+    assert "(ms, lower is better)" in text
+    assert (tmp_path / "plots" / "throughput_vs_p99_seg.png").read_bytes()[:8] == PNG_SIGNATURE
+    assert (tmp_path / "plots" / "throughput_by_jpeg_quality.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+def write_results(directory, rows: list[dict]):
+    directory.mkdir()
+    write_summary(directory, rows, [])
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("new_rps", "new_p99", "regressed"),
+    [
+        (90.0, 100.0, True),  # throughput -10% > 5%
+        (98.0, 100.0, False),  # throughput -2% is within tolerance
+        (100.0, 110.0, True),  # p99 +10%: higher latency is worse
+        (100.0, 80.0, False),  # p99 -20% is an improvement
+        (120.0, 100.0, False),  # throughput +20% is an improvement
+    ],
+)
+def test_compare_flags_only_changes_worse_than_tolerance(tmp_path, new_rps, new_p99, regressed):
+    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0)])
+    new = write_results(tmp_path / "new", [record("a", "seg", new_rps, new_p99)])
+    text, got = compare(old, new, tolerance=0.05)
+    assert got is regressed
+    assert ("REGRESSED" in text) is regressed
+    assert text.startswith("a: throughput_rps 100 → ")
+
+
+def test_compare_lists_unmatched_points_and_ignores_them_for_regression(tmp_path):
+    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0), record("gone", "seg", 1.0, 1.0)])
+    new = write_results(tmp_path / "new", [record("a", "seg", 101.0, 100.0), record("added", "jpeg", 1.0, 1.0)])
+    text, regressed = compare(old, new)
+    assert not regressed
+    assert "(+1.0%)" in text.splitlines()[0]
+    assert f"gone: only in old ({old})" in text
+    assert f"added: only in new ({new})" in text
+
+
+def test_compare_counts_a_newly_failing_point_as_regression(tmp_path):
+    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0)])
+    new = write_results(tmp_path / "new", [record("a", "seg", None, None, error="timeout")])
+    text, regressed = compare(old, new)
+    assert regressed and "now failing: timeout" in text
+
+
+def test_compare_names_the_missing_summary(tmp_path):
+    new = write_results(tmp_path / "new", [record("a", "seg", 1.0, 1.0)])
+    with pytest.raises(FileNotFoundError, match="summary.jsonl"):
+        compare(tmp_path / "nowhere", new)
+
+
+def test_summary_jsonl_is_one_json_object_per_line(tmp_path, records):
+    write_summary(tmp_path, records, [])
+    lines = (tmp_path / "summary.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in lines] == [r["run_id"] for r in records]
