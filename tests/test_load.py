@@ -231,3 +231,12 @@ def test_non_loopback_or_non_http_urls_are_refused(url):
 def test_loopback_names_are_accepted():
     for url in ["http://127.0.0.1:8080", "http://localhost:8080", "http://[::1]:8080"]:
         assert spec(url).url == url
+
+
+@pytest.mark.parametrize("stop_early", [None, lambda result: False])
+def test_waiting_for_a_slow_server_does_not_spin(server, stop_early):
+    # A loop that polls instead of sleeping would burn a whole core here and make the client the bottleneck.
+    server.delay_s = 0.3
+    result = run_load(spec(server.url), duration_s=1.5, stop_early=stop_early, check_every_s=0.1)
+    assert len(result.status) >= 2
+    assert result.client_cpu_s < 0.3 * result.wall_s

@@ -268,9 +268,11 @@ class _Run:
             next_check_s = check_every_s
             # A sender that finishes early has crashed (closed loop) or sent its whole schedule (open loop).
             while (now_s := self.now_s()) < duration_s and not any(task.done() for task in senders):
-                if stop_early is not None and now_s >= next_check_s:
-                    next_check_s += check_every_s
-                    if stop_early(self.snapshot()):
+                if now_s >= next_check_s:
+                    # Advance past now even when a check ran long (or there is none): the wait below must not spin.
+                    while next_check_s <= now_s:
+                        next_check_s += check_every_s
+                    if stop_early is not None and stop_early(self.snapshot()):
                         break
                 await asyncio.wait(senders, timeout=min(next_check_s, duration_s) - now_s, return_when=asyncio.FIRST_COMPLETED)
             self.stop_s = self.now_s()

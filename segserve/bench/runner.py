@@ -177,7 +177,7 @@ class Bench:
             return stable_tail(window_rates(result), load.stable_windows, load.stability_tolerance)
 
         metrics_url = server.url("metrics")
-        before, sampler = scrape(metrics_url), ProcessSampler(server.process_ids())
+        before, sampler = scrape(metrics_url), ProcessSampler(self.process_groups(point))
         sampler.start()
         result = run_load(spec, warmup_s + load.max_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
         server_usage, after = sampler.stop(), scrape(metrics_url)
@@ -207,6 +207,18 @@ class Bench:
             "warmup_s": warmup_s,
             **server_usage,
         }
+
+    def process_groups(self, point: planning.Point) -> dict[str, list[int]]:
+        """Server processes by role: the Java frontend, the workers of each model of the target, the rest."""
+        groups: dict[str, list[int]] = {}
+        for model in MODELS[point.target]:
+            groups[model] = [int(w["pid"]) for w in self.server.describe(model).get("workers", []) if w.get("pid")]
+        workers = {pid for pids in groups.values() for pid in pids}
+        for pid in self.server.process_ids():
+            if pid not in workers:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if Path(f"/proc/{pid}").exists() else b""
+                groups.setdefault("frontend" if b"java" in cmdline.split(b"\0")[0] else "other", []).append(pid)
+        return groups
 
     def record_for(self, point: planning.Point, reconfigure_s: float, metrics: dict | None, error: str | None) -> dict:
         params, workers = point.params, point.workers

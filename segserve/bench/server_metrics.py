@@ -28,50 +28,67 @@ def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
     return values
 
 
-def per_request_ms(before: dict, after: dict, models: list[str], requests: int) -> dict[str, float | None]:
-    """Mean queue and inference time per request over the interval, summed over the models a request passes."""
+def per_request_ms(before: dict, after: dict, models: list[str], requests: int) -> dict:
+    """Mean queue and inference time per request over the interval: summed over the models a request
+    passes (the record's columns) and per model (`server_models`, where the time goes in a workflow)."""
     if requests <= 0:
-        return {"server_queue_ms": None, "server_inference_ms": None}
+        return {"server_queue_ms": None, "server_inference_ms": None, "server_models": {}}
 
-    def mean_ms(counter: str) -> float:
-        return sum(after.get((counter, m), 0) - before.get((counter, m), 0) for m in models) / requests / 1000
+    def mean_ms(counter: str, model: str) -> float:
+        return (after.get((counter, model), 0) - before.get((counter, model), 0)) / requests / 1000
 
+    per_model = {
+        m: {"queue_ms": mean_ms("ts_queue_latency_microseconds", m), "inference_ms": mean_ms("ts_inference_latency_microseconds", m)}
+        for m in models
+    }
     return {
-        "server_queue_ms": mean_ms("ts_queue_latency_microseconds"),
-        "server_inference_ms": mean_ms("ts_inference_latency_microseconds"),
+        "server_queue_ms": sum(v["queue_ms"] for v in per_model.values()),
+        "server_inference_ms": sum(v["inference_ms"] for v in per_model.values()),
+        "server_models": per_model,
     }
 
 
 class ProcessSampler:
-    """CPU time and RSS of a set of processes between start() and stop()."""
+    """CPU use and RSS of named groups of processes ({"frontend": [pid], "seg": [pid, ...]}) between start() and stop()."""
 
-    def __init__(self, pids: list[int]):
-        self.processes = []
-        for pid in pids:
-            try:
-                self.processes.append(psutil.Process(pid))
-            except psutil.NoSuchProcess:
-                pass
+    def __init__(self, groups: dict[str, list[int]]):
+        self.groups: dict[str, list[psutil.Process]] = {}
+        for name, pids in groups.items():
+            for pid in pids:
+                try:
+                    self.groups.setdefault(name, []).append(psutil.Process(pid))
+                except psutil.NoSuchProcess:
+                    pass
 
-    def _cpu_s(self) -> float:
-        total = 0.0
-        for process in self.processes:
-            try:
-                times = process.cpu_times()
-                total += times.user + times.system
-            except psutil.NoSuchProcess:
-                pass
-        return total
+    def _cpu_s(self) -> dict[str, float]:
+        totals = {}
+        for name, processes in self.groups.items():
+            totals[name] = 0.0
+            for process in processes:
+                try:
+                    times = process.cpu_times()
+                    totals[name] += times.user + times.system
+                except psutil.NoSuchProcess:
+                    pass
+        return totals
 
     def start(self) -> None:
         self.started, self.cpu_start = time.monotonic(), self._cpu_s()
 
-    def stop(self) -> dict[str, float]:
-        wall = time.monotonic() - self.started
-        rss = 0
-        for process in self.processes:
-            try:
-                rss += process.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
-        return {"server_cpu_pct": 100 * (self._cpu_s() - self.cpu_start) / wall, "server_rss_mb": rss / 2**20}
+    def stop(self) -> dict:
+        wall_s = time.monotonic() - self.started
+        cpu_end = self._cpu_s()
+        per_group = {}
+        for name, processes in self.groups.items():
+            rss = 0
+            for process in processes:
+                try:
+                    rss += process.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            per_group[name] = {"cpu_pct": 100 * (cpu_end[name] - self.cpu_start[name]) / wall_s, "rss_mb": rss / 2**20}
+        return {
+            "server_cpu_pct": sum(g["cpu_pct"] for g in per_group.values()),
+            "server_rss_mb": sum(g["rss_mb"] for g in per_group.values()),
+            "server_processes": per_group,
+        }
