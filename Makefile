@@ -36,9 +36,12 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest
 
-# On a machine with CUDA: the GPU tests (nvJPEG decode/encode, the handlers on the device).
+# On a machine with CUDA, unattended (< 5 min): the GPU tests (pinned buffers, streams and events,
+# nvJPEG decode/encode, the handlers on the device), then a short GPU benchmark that prints
+# throughput and device→host bytes per request.
 gpu-check: setup
 	$(BIN)/python -m pytest -m gpu -v -p no:cacheprovider
+	$(BIN)/python -m segserve.bench.gpu_check --seconds 10
 
 clean:
 	rm -rf model_store out .segserve

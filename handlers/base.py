@@ -13,11 +13,29 @@ batch-mates are served. `len(output) == len(data)` always.
 import json
 import logging
 import os
+from dataclasses import dataclass, fields
 
 import torch
 
+from handlers.batching import StageRunner
+from handlers.settings import parse_settings
+
 logger = logging.getLogger(__name__)
 BATCH_SIZE_HEADER = "x-segserve-batch-size"
+
+
+@dataclass
+class RunnerSettings:
+    """Settings every handler takes (model-config.yaml `handler:`), besides its own."""
+
+    threads: int = 0  # torch intra-op threads on the CPU; 0: torch's default (all cores)
+    micro_batch_size: int = 0  # 0: the TorchServe batch is one micro-batch
+    decode_threads: int = 1
+    encode_threads: int = 1
+    overlap: bool = False  # run decode / predict / encode of successive micro-batches in parallel threads
+
+
+RUNNER_KEYS = tuple(f.name for f in fields(RunnerSettings))
 
 
 class BadRequest(ValueError):
@@ -56,32 +74,54 @@ class SegserveHandler:
 
     def initialize(self, context) -> None:
         settings = dict((context.model_yaml_config or {}).get("handler") or {})
+        common = parse_settings(RunnerSettings, {k: settings.pop(k) for k in RUNNER_KEYS if k in settings})
         self.device = pick_device(context)
-        threads = int(settings.pop("threads", 0) or os.environ.get("SEGSERVE_THREADS", 0) or 0)
+        threads = common.threads or int(os.environ.get("SEGSERVE_THREADS", 0) or 0)
         if threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(threads)
         self.load(context.system_properties["model_dir"], settings, context.manifest)
+        self.stages = StageRunner(
+            self.decode,
+            self.predict,
+            self.encode,
+            BadRequest,
+            micro_batch_size=common.micro_batch_size,
+            decode_threads=common.decode_threads,
+            encode_threads=common.encode_threads,
+            overlap=common.overlap,
+        )
         self.initialized = True
-        logger.info("%s ready on %s with %d threads", type(self).__name__, self.device, torch.get_num_threads())
+        logger.info("%s ready on %s with %d threads (%s)", type(self).__name__, self.device, torch.get_num_threads(), common)
 
     def handle(self, data: list, context) -> list:
         output: list = [None] * len(data)
-        valid_rows, items = [], []
+        bodies: list = []
         for idx, row in enumerate(data):
             # Which batch a request rode in: lets clients and tests see batching at work.
             context.set_response_header(idx, BATCH_SIZE_HEADER, str(len(data)))
             try:
-                items.append(self.decode(request_body(row)))
-                valid_rows.append(idx)
+                bodies.append(request_body(row))
             except BadRequest as error:
-                output[idx] = json.dumps({"error": str(error)}).encode()
-                context.set_response_status(400, str(error), idx)
+                bodies.append(error)
+        for idx, result in enumerate(self.stages.run(bodies)):
+            if isinstance(result, BadRequest):
+                output[idx] = json.dumps({"error": str(result)}).encode()
+                context.set_response_status(400, str(result), idx)
                 context.set_response_content_type(idx, "application/json")
-        if items:
-            for idx, result in zip(valid_rows, self.predict(items), strict=True):
-                output[idx] = self.encode(result)
+            else:
+                output[idx] = result
                 context.set_response_content_type(idx, self.content_type)
+        self.report_metrics(context, sum(len(o) for o in output), len(data))
         return output
+
+    def report_metrics(self, context, response_bytes: int, requests: int) -> None:
+        """Cumulative per-stage times and bytes as TorchServe custom counters (Prometheus: Segserve*)."""
+        metrics = getattr(context, "metrics", None)
+        if metrics is None:
+            return
+        values = {**self.stages.times.drain(), "response_bytes": response_bytes, "requests": requests}
+        for name, value in values.items():
+            metrics.add_counter("Segserve" + "".join(part.title() for part in name.split("_")), value)
 
     # Hooks -----------------------------------------------------------------
     def load(self, model_dir: str, settings: dict, manifest: dict) -> None:

@@ -18,6 +18,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from handlers import classmap
 from handlers.base import BadRequest, SegserveHandler, entry_point
+from handlers.batching import StagingPool, Streams
 from handlers.segnet import DEFAULT_BACKBONE, MEAN_RGB, STD_RGB, SegNet
 from handlers.settings import parse_settings
 
@@ -41,8 +42,9 @@ class SegmentationSettings:
     max_image_pixels: int = 25_000_000
 
 
-class Item(NamedTuple):
-    pixels: torch.Tensor  # float32 [3, input_height, input_width], normalised
+class Decoded(NamedTuple):
+    pixels: torch.Tensor  # uint8 [3, h, w] image (on the GPU when nvJPEG decoded it), or the raw tensor [3, H, W]
+    is_raw: bool  # raw tensors are already normalised
     original_height: int
     original_width: int
 
@@ -102,10 +104,15 @@ class SegmentationHandler(SegserveHandler):
         self.memory_format = memory_format
         network = load_network(Path(model_dir) / manifest["model"]["serializedFile"], s)
         self.network = network.eval().to(self.device, dtype=self.compute_dtype, memory_format=memory_format)
-        self.mean = torch.tensor(MEAN_RGB, device=self.device).view(3, 1, 1)
-        self.std = torch.tensor(STD_RGB, device=self.device).view(3, 1, 1)
+        # Normalisation on the 0–255 scale, so a uint8 image is copied in and normalised in place.
+        self.norm = {
+            kind: (torch.tensor(MEAN_RGB, device=dev).view(3, 1, 1) * 255, torch.tensor(STD_RGB, device=dev).view(3, 1, 1) * 255)
+            for kind, dev in {"cpu": "cpu", self.device.type: self.device}.items()
+        }
+        self.pool = StagingPool(self.device)
+        self.streams = Streams(self.device)
 
-    def decode(self, body: bytes) -> Item:
+    def decode(self, body: bytes) -> Decoded:
         s = self.settings
         header = image_size(body)
         if header is None:
@@ -115,35 +122,59 @@ class SegmentationHandler(SegserveHandler):
                     f"[3, {s.input_height}, {s.input_width}] ({self.raw_nbytes} bytes); got {len(body)} bytes that are neither"
                 )
             raw = torch.frombuffer(bytearray(body), dtype=self.raw_dtype).view(3, s.input_height, s.input_width)
-            return Item(raw.float(), s.input_height, s.input_width)
+            return Decoded(raw, True, s.input_height, s.input_width)
         kind, height, width = header
         if height * width > s.max_image_pixels or height == 0 or width == 0:
             raise BadRequest(f"{kind} of {width}x{height} pixels is refused: the limit is {s.max_image_pixels} pixels")
         data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
         try:
             if kind == "jpeg" and self.device.type == "cuda":
-                image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+                image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)  # nvJPEG
             else:
                 image = decode_image(data, mode=ImageReadMode.RGB)
         except RuntimeError as error:
             raise BadRequest(f"could not decode the {kind} image: {error}") from None
-        pixels = image.to(self.device).float().div_(255)
-        if (height, width) != (s.input_height, s.input_width):
-            pixels = F.interpolate(
-                pixels[None], size=(s.input_height, s.input_width), mode="bilinear", antialias=True, align_corners=False
-            )[0]
-        return Item((pixels - self.mean) / self.std, height, width)
+        return Decoded(image, False, height, width)
+
+    def fill(self, slot: torch.Tensor, item: Decoded) -> None:
+        """Write one request into its row of the batch buffer: resize if needed, normalise in place."""
+        if item.is_raw:
+            slot.copy_(item.pixels)
+            return
+        pixels = item.pixels
+        if tuple(pixels.shape[1:]) != tuple(slot.shape[1:]):
+            pixels = F.interpolate(pixels[None].float(), size=tuple(slot.shape[1:]), mode="bilinear", antialias=True, align_corners=False)[
+                0
+            ]
+        mean, std = self.norm[slot.device.type]
+        slot.copy_(pixels).sub_(mean).div_(std)
 
     @torch.inference_mode()
-    def predict(self, items: list[Item]) -> list[tuple[torch.Tensor, int, int]]:
-        batch = torch.stack([item.pixels for item in items]).to(self.device, self.compute_dtype, non_blocking=True)
-        logits = self.network(batch.contiguous(memory_format=self.memory_format))
-        labels = logits.argmax(1).to(torch.uint8).cpu()
-        return [(labels[i], item.original_height, item.original_width) for i, item in enumerate(items)]
+    def predict(self, items: list[Decoded]) -> list[bytes]:
+        s, rows = self.settings, len(items)
+        shape = (rows, 3, s.input_height, s.input_width)
+        host = self.pool.get("input", shape, torch.float32)
+        on_device = [i for i, item in enumerate(items) if item.pixels.device.type == "cuda"]
+        for i, item in enumerate(items):
+            if i not in on_device:
+                self.fill(host[i], item)
+        device_buffer = self.pool.get("input", shape, torch.float32, on_device=True) if self.streams.cuda else host
+        batch = self.streams.to_device(host, device_buffer)
+        with self.streams.compute_context():
+            if on_device:  # nvJPEG decoded those rows on the default stream: wait for it, not for the device
+                torch.cuda.current_stream().wait_stream(torch.cuda.default_stream(self.device))
+            for i in on_device:  # nvJPEG-decoded rows: filled on the device, after the copy of the others
+                self.fill(batch[i], items[i])
+            logits = self.network(batch.to(self.compute_dtype).contiguous(memory_format=self.memory_format))
+            labels = logits.argmax(1).to(torch.uint8)  # only the class map leaves the device, never logits
+        if self.streams.cuda:
+            labels = self.streams.to_host(labels, self.pool.get("labels", (rows, s.input_height, s.input_width), torch.uint8))
+            self.stages.times.add("host_to_device_bytes", host.numel() * host.element_size())
+            self.stages.times.add("device_to_host_bytes", labels.numel())
+        return [classmap.pack(labels[i], s.num_classes, item.original_height, item.original_width) for i, item in enumerate(items)]
 
-    def encode(self, result: tuple[torch.Tensor, int, int]) -> bytes:
-        labels, height, width = result
-        return classmap.pack(labels, self.settings.num_classes, height, width)
+    def encode(self, result: bytes) -> bytes:
+        return result  # the class map was packed in predict, so the reused label buffer is free for the next batch
 
 
 handle = entry_point(SegmentationHandler)

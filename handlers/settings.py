@@ -23,6 +23,9 @@ def parse_settings(cls, raw: dict):
             continue
         kind = hints[key]
         origin = typing.get_origin(kind) or kind
+        if origin is bool and not isinstance(value, bool):
+            errors.append(f"handler.{key}: expected true or false (got {value!r})")
+            continue
         try:
             values[key] = value if origin in (list, tuple, dict) or isinstance(value, origin) else origin(value)
         except (TypeError, ValueError):

@@ -71,7 +71,13 @@ def expand(suite: Suite) -> list[Point]:
     points = []
     for target in sorted(suite.targets, key=TARGET_ORDER.index):
         stages = STAGES[target]
-        archive_values = {"batch_size": grid.archive.batch_size, "max_batch_delay_ms": grid.archive.max_batch_delay_ms}
+        archive_values = {
+            "batch_size": grid.archive.batch_size,
+            "max_batch_delay_ms": grid.archive.max_batch_delay_ms,
+            "micro_batch_size": grid.archive.micro_batch_size,
+            "overlap": grid.archive.overlap,
+            "decode_threads": grid.archive.decode_threads,
+        }
         if "seg" in stages:
             archive_values["precision"] = grid.archive.precision
         if "jpeg" in stages:

@@ -60,6 +60,23 @@ def _pick_bare(bare: list[dict], batch_size, threads) -> dict | None:
     return max(candidates, key=lambda b: b.get("throughput_ips") or 0) if candidates else None
 
 
+def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> dict | None:
+    """The served seg model's best throughput against the bare forward at the same batch size and threads."""
+    winner = best([r for r in records if r.get("target") == "seg"], constraints, objective)
+    if winner is None:
+        return None
+    entry = _pick_bare(bare, winner.get("batch_size"), winner.get("omp_num_threads")) or {}
+    return {
+        "target": "seg",
+        "run_id": winner["run_id"],
+        "served_rps": winner.get("throughput_rps"),
+        "bare_rps": entry.get("throughput_ips"),
+        "ratio_bare": _ratio(winner.get("throughput_rps"), entry.get("throughput_ips")),
+        "bare_batch_size": entry.get("batch_size"),
+        "bare_threads": entry.get("threads"),
+    }
+
+
 def efficiency(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
     """Best pipeline throughput against what its best members allow (shared or disjoint CPUs) and the bare model."""
     winners = {target: best([r for r in records if r.get("target") == target], constraints, objective) for target in MEMBERS + PIPELINES}
@@ -276,6 +293,17 @@ def write_report(
             metrics = ", ".join(f"{_header(m)} {_cell(winner.get(m))}" for m in ("throughput_rps", "latency_p99_ms"))
             md.append(f"- **{target}**: `{winner.get('run_id')}` ({settings}): {metrics}")
 
+    served = served_vs_bare(records, constraints, objective, bare)
+    if served:
+        md += [
+            "",
+            "## Served model vs bare model",
+            "",
+            render_table([served], list(served)),
+            "",
+            "The best `seg` point against the network's in-process forward throughput at the same batch size and thread count "
+            "(`bare.json`): what TorchServe, decoding and batching cost on top of the compute.",
+        ]
     rows = efficiency(records, constraints, objective, bare)
     if rows:
         md += [

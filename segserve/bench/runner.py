@@ -4,6 +4,7 @@ One JSON per point under runs/ as soon as it is measured (so --resume can skip
 it), then summary.csv/jsonl, report.md, plots and best/ at the end.
 """
 
+import hashlib
 import json
 import platform
 import shutil
@@ -21,7 +22,7 @@ from segserve.bench import report
 from segserve.bench.inputs import class_maps, request_bodies
 from segserve.bench.load import LoadSpec, run_load
 from segserve.bench.schema import best
-from segserve.bench.server_metrics import ProcessSampler, per_request_ms, scrape
+from segserve.bench.server_metrics import ProcessSampler, handler_stages, per_request_ms, scrape
 from segserve.bench.stats import latency_summary, spread, stable_tail
 from segserve.bench.suite import Suite
 from segserve.build import archive_model, archive_workflow, stage_handler_package, write_model_config
@@ -35,6 +36,9 @@ PATHS = {
     "seg_jpeg_fused": "/predictions/seg_jpeg_fused",
 }
 MODELS = {"seg": ["seg"], "jpeg": ["jpeg"], "seg_jpeg": ["seg_jpeg__seg", "seg_jpeg__jpeg"], "seg_jpeg_fused": ["seg_jpeg_fused"]}
+# Archive-level grid parameters that are handler settings, by stage: grid name → model_config `handler:` key.
+RUNNER_PARAMS = {"micro_batch_size": "micro_batch_size", "overlap": "overlap", "decode_threads": "decode_threads"}
+HANDLER_PARAMS = {"seg": {"precision": "precision", **RUNNER_PARAMS}, "jpeg": {"jpeg_quality": "quality", **RUNNER_PARAMS}}
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
 
 
@@ -69,21 +73,18 @@ class Bench:
         self.current_workers: dict[str, int] = {}
 
     # Archives ------------------------------------------------------------------
-    def build_archives(self) -> None:
-        """One seg.mar per precision and one jpeg.mar per quality in the grid (handler settings live in the archive)."""
-        archive = self.suite.grid.archive
-        staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
-        extra = stage_handler_package(self.root, staging)
-        quiet = lambda _: None  # noqa: E731
-        for precision in archive.precision:
-            config = write_model_config(
-                self.root / "model_config" / "seg.yaml", staging / f"seg-{precision}.yaml", {"precision": precision}
-            )
-            archive_model(f"seg-{precision}", self.root / "handlers" / "segmentation", self.weights, config, extra, self.store, quiet)
-        for quality in archive.jpeg_quality:
-            config = write_model_config(self.root / "model_config" / "jpeg.yaml", staging / f"jpeg-q{quality}.yaml", {"quality": quality})
-            archive_model(f"jpeg-q{quality}", self.root / "handlers" / "jpeg", None, config, extra, self.store, quiet)
-        shutil.rmtree(staging)
+    def archive_for(self, stage: str, archive: dict) -> str:
+        """The .mar of a stage with this point's handler settings (they live inside the archive), built once."""
+        settings = {key: archive[param] for param, key in HANDLER_PARAMS[stage].items() if param in archive}
+        name = f"{stage}-" + hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
+        if not (self.store / f"{name}.mar").exists():
+            staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
+            config = write_model_config(self.root / "model_config" / f"{stage}.yaml", staging / f"{name}.yaml", settings)
+            handler = self.root / "handlers" / ("segmentation" if stage == "seg" else "jpeg")
+            weights = self.weights if stage == "seg" else None
+            archive_model(name, handler, weights, config, stage_handler_package(self.root, staging), self.store, lambda _: None)
+            shutil.rmtree(staging)
+        return f"{name}.mar"
 
     # Reconfiguration -------------------------------------------------------------
     def ensure_server(self, point: planning.Point) -> None:
@@ -92,6 +93,8 @@ class Bench:
         self.stop_server()
         params = dict(point.server)
         env = {"OMP_NUM_THREADS": str(params["omp_num_threads"])} if "omp_num_threads" in params else {}
+        if "omp_wait_policy" in params:
+            env["OMP_WAIT_POLICY"] = params["omp_wait_policy"].upper()
         overrides = {"number_of_netty_threads": str(params["netty_threads"])} if "netty_threads" in params else {}
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
         self.server = TorchServe(run_dir, self.store, self.root / "config.properties", free_ports=True, config_overrides=overrides, env=env)
@@ -116,7 +119,8 @@ class Bench:
             else:
                 server.unregister("models", previous)
         self.registered_key = None
-        seg_mar, jpeg_mar = f"seg-{archive.get('precision')}.mar", f"jpeg-q{archive.get('jpeg_quality')}.mar"
+        seg_mar = self.archive_for("seg", archive) if "seg" in planning.STAGES[point.target] else None
+        jpeg_mar = self.archive_for("jpeg", archive) if "jpeg" in planning.STAGES[point.target] else None
         batching = f"batch_size={archive['batch_size']}&max_batch_delay={archive['max_batch_delay_ms']}"
         if point.target in ("seg", "jpeg"):
             url = seg_mar if point.target == "seg" else jpeg_mar
@@ -197,6 +201,7 @@ class Bench:
             "throughput_rps": requests_ok / measured.wall_s if measured.wall_s else 0.0,
             **latency_summary(ok_latencies),
             **per_request_ms(before, after, MODELS[point.target], len(result.status)),
+            **self.stage_columns(handler_stages(before, after, MODELS[point.target])),
             "client_cpu_pct": client_cpu_pct,
             "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
             "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
@@ -206,6 +211,17 @@ class Bench:
             "window_spread": spread(rates[-used:]) if rates else None,
             "warmup_s": warmup_s,
             **server_usage,
+        }
+
+    @staticmethod
+    def stage_columns(stages: dict[str, dict[str, float]]) -> dict:
+        """Per-node stage times and bytes (nested, in the run JSON) and the bytes columns of the summary."""
+        first = next(iter(stages.values()), {})
+        return {
+            "server_stages": stages,
+            # What the first node hands on: to the next node in a workflow, to the client otherwise.
+            "bytes_out_per_request": first.get("response_bytes"),
+            "bytes_device_to_host_per_request": sum(s.get("device_to_host_bytes", 0.0) for s in stages.values()) if stages else None,
         }
 
     def process_groups(self, point: planning.Point) -> dict[str, list[int]]:
@@ -250,7 +266,6 @@ class Bench:
         bodies_for = {target: bodies for target in PATHS}
         if "jpeg" in self.suite.targets:
             bodies_for["jpeg"] = class_maps(bodies, self.weights, self.root / "model_config" / "seg.yaml")
-        self.build_archives()
         progress = Progress(len(todo), self.log)
         try:
             for point in todo:
@@ -377,6 +392,9 @@ def terminal_summary(records: list[dict], swept: list[str], constraints: dict, o
     columns = ["run_id", *[p for p in swept if p != "target"], "throughput_rps", "latency_p50_ms", "latency_p99_ms"]
     columns += ["requests_failed", "server_queue_ms", "reconfigure_s", "error"]
     text = "\n" + report.render_table(records, columns)
+    served = report.served_vs_bare(records, constraints, objective, bare)
+    if served:
+        text += "\n\nServed seg vs bare forward:\n" + report.render_table([served], list(served))
     rows = report.efficiency(records, constraints, objective, bare)
     if rows:
         text += "\n\nPipeline efficiency (best point of each target):\n"

@@ -34,6 +34,8 @@ METRICS = {
         Metric("server_cpu_pct", "% of one core", False, "frontend + workers CPU use during measurement (psutil)"),
         Metric("server_rss_mb", "MB", False, "frontend + workers resident memory at the end of measurement"),
         Metric("reconfigure_s", "s", False, "time spent restarting, registering or scaling before this point"),
+        Metric("bytes_out_per_request", "bytes", False, "what the first node sends on per request (to the next node in a workflow)"),
+        Metric("bytes_device_to_host_per_request", "bytes", False, "device→host bytes per request (GPU only; the class map or JPEG)"),
         Metric("warmup_s", "s", False, "warm-up time before measurement"),
     ]
 }
@@ -61,6 +63,8 @@ BASE_COLUMNS = [
 ]
 EXTRA_COLUMNS = [
     "server_inference_ms",
+    "bytes_out_per_request",
+    "bytes_device_to_host_per_request",
     "client_cpu_ms_per_request",
     "client_saturated",
     "stable",

@@ -14,14 +14,18 @@ COUNTERS = ("ts_queue_latency_microseconds", "ts_inference_latency_microseconds"
 SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([-+0-9.eE]+)$")
 
 
+# The handlers' own cumulative counters (handlers/base.py: report_metrics), labelled ModelName.
+HANDLER_PREFIX = "Segserve"
+
+
 def scrape(metrics_url: str) -> dict[tuple[str, str], float]:
-    """{(counter, model_name): value} from GET /metrics."""
+    """{(counter, model_name): value} from GET /metrics: the frontend's and the handlers' counters."""
     response = request(metrics_url, "GET", "/metrics", timeout_s=10)
     values: dict[tuple[str, str], float] = {}
     for line in response.text().splitlines():
         match = SAMPLE.match(line)
-        if match and match.group(1) in COUNTERS:
-            model = re.search(r'model_name="([^"]*)"', match.group(2))
+        if match and (match.group(1) in COUNTERS or match.group(1).startswith(HANDLER_PREFIX)):
+            model = re.search(r'(?:model_name|ModelName)="([^"]*)"', match.group(2))
             if model:
                 key = (match.group(1), model.group(1))
                 values[key] = values.get(key, 0.0) + float(match.group(3))
@@ -46,6 +50,25 @@ def per_request_ms(before: dict, after: dict, models: list[str], requests: int) 
         "server_inference_ms": sum(v["inference_ms"] for v in per_model.values()),
         "server_models": per_model,
     }
+
+
+def handler_stages(before: dict, after: dict, models: list[str]) -> dict[str, dict[str, float]]:
+    """Per model: each Segserve* counter's increase per request the handler served (ms per stage, bytes)."""
+    stages = {}
+    for model in models:
+        delta = {
+            name[len(HANDLER_PREFIX) :]: value - before.get((name, m), 0.0)
+            for (name, m), value in after.items()
+            if m == model and name.startswith(HANDLER_PREFIX)
+        }
+        served = delta.pop("Requests", 0.0)
+        if served > 0:
+            stages[model] = {_snake(name): value / served for name, value in delta.items()}
+    return stages
+
+
+def _snake(camel: str) -> str:
+    return re.sub(r"(?<!^)([A-Z])", r"_\1", camel).lower()
 
 
 class ProcessSampler:

@@ -51,6 +51,9 @@ class ServerGrid(Strict):
 
     omp_num_threads: PositiveInts | None = None  # OMP_NUM_THREADS for every worker (unset: torch's default)
     netty_threads: PositiveInts | None = None  # number_of_netty_threads of the frontend
+    # OMP_WAIT_POLICY for every worker: "passive" stops idle OpenMP threads from spinning on cores the
+    # frontend and the decoders need (libgomp spins by default).
+    omp_wait_policy: list[Literal["active", "passive"]] | None = None
 
 
 class ArchiveGrid(Strict):
@@ -60,6 +63,10 @@ class ArchiveGrid(Strict):
     max_batch_delay_ms: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [5]
     precision: list[Literal["fp32", "fp16", "bf16"]] = ["fp32"]
     jpeg_quality: list[Annotated[int, Field(ge=1, le=100)]] = [90]
+    # Handler stage settings (handlers/base.py RunnerSettings), for every stage of the target.
+    micro_batch_size: list[Annotated[int, Field(ge=0)]] | None = None
+    overlap: list[bool] | None = None
+    decode_threads: PositiveInts | None = None
 
 
 class RuntimeGrid(Strict):

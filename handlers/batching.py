@@ -1,0 +1,201 @@
+"""Batching machinery shared by the handlers: reused staging buffers, CUDA streams, overlapped micro-batches.
+
+- StagingPool: one buffer per (name, shape, dtype), allocated on first use and reused for every later
+  batch; pinned (page-locked) when CUDA is available so host→device copies can be asynchronous.
+- Streams: a host→device copy stream, the compute stream and a device→host copy stream, ordered with
+  CUDA events (never a device-wide synchronize). On the CPU every method is a no-op pass-through.
+- StageRunner: splits a TorchServe batch into micro-batches and runs decode → predict → encode so that
+  decoding of micro-batch k+1 and encoding of k-1 happen while k is in the model. Results come back in
+  request order; a row whose decode raised BadRequest gets that error and its micro-batch goes on.
+"""
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+
+class StagingPool:
+    """Reusable tensors keyed by (name, shape, dtype): the same storage for every batch of that shape."""
+
+    def __init__(self, device: torch.device, pin: bool | None = None):
+        self.device = device
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self.buffers: dict[tuple, torch.Tensor] = {}
+        self.allocations = 0  # how many buffers were ever made: steady state means this stops growing
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, on_device: bool = False) -> torch.Tensor:
+        key = (name, tuple(shape), dtype, on_device)
+        buffer = self.buffers.get(key)
+        if buffer is None:
+            if on_device:
+                buffer = torch.empty(shape, dtype=dtype, device=self.device)
+            else:
+                buffer = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+            self.buffers[key] = buffer
+            self.allocations += 1
+        return buffer
+
+
+class Streams:
+    """Copy in, compute and copy out on three CUDA streams; plain synchronous code on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.h2d, self.compute, self.d2h = (torch.cuda.Stream(device) for _ in range(3))
+
+    def to_device(self, host: torch.Tensor, device_buffer: torch.Tensor) -> torch.Tensor:
+        """Copy a pinned host batch into a device buffer on the copy stream; the compute stream waits for it."""
+        if not self.cuda:
+            return host
+        with torch.cuda.stream(self.h2d):
+            device_buffer.copy_(host, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self.h2d)
+        self.compute.wait_event(copied)
+        return device_buffer
+
+    def compute_context(self):
+        return torch.cuda.stream(self.compute) if self.cuda else _NullContext()
+
+    def to_host(self, device_tensor: torch.Tensor, host_buffer: torch.Tensor) -> torch.Tensor:
+        """Copy a device result into a pinned host buffer on the d2h stream and wait for that copy only."""
+        if not self.cuda:
+            return device_tensor  # already in host memory: no copy
+        computed = torch.cuda.Event()
+        computed.record(self.compute)
+        self.d2h.wait_event(computed)
+        with torch.cuda.stream(self.d2h):
+            device_tensor.record_stream(self.d2h)  # the compute stream's allocator must not reuse it before the copy
+            host_buffer.copy_(device_tensor, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(self.d2h)
+        copied.synchronize()
+        return host_buffer
+
+
+class _NullContext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@dataclass
+class StageTimes:
+    """Cumulative per-stage wall time and bytes moved, read (and reset) by the handler's metrics."""
+
+    decode_ms: float = 0.0
+    predict_ms: float = 0.0
+    encode_ms: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)  # handler-specific: h2d/infer/d2h ms, bytes
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, name: str, value: float) -> None:
+        with self.lock:
+            if hasattr(self, name) and name != "extra":
+                setattr(self, name, getattr(self, name) + value)
+            else:
+                self.extra[name] = self.extra.get(name, 0.0) + value
+
+    def drain(self) -> dict[str, float]:
+        with self.lock:
+            values = {"decode_ms": self.decode_ms, "predict_ms": self.predict_ms, "encode_ms": self.encode_ms, **self.extra}
+            self.decode_ms = self.predict_ms = self.encode_ms = 0.0
+            self.extra = {}
+        return values
+
+
+class StageRunner:
+    """decode → predict → encode over micro-batches, overlapped in threads (or sequential when overlap=False)."""
+
+    def __init__(
+        self,
+        decode: Callable,
+        predict: Callable,
+        encode: Callable,
+        bad_request: type[Exception],
+        micro_batch_size: int = 0,
+        decode_threads: int = 1,
+        encode_threads: int = 1,
+        overlap: bool = True,
+    ):
+        self.decode, self.predict, self.encode, self.bad_request = decode, predict, encode, bad_request
+        self.micro_batch_size = micro_batch_size  # 0: the whole TorchServe batch is one micro-batch
+        self.overlap = overlap
+        self.times = StageTimes()
+        self.pools: list[ThreadPoolExecutor] = []
+        if overlap:
+            # One predict thread: the model runs one micro-batch at a time, in order.
+            self.pools = [
+                ThreadPoolExecutor(decode_threads, thread_name_prefix="segserve-decode"),
+                ThreadPoolExecutor(1, thread_name_prefix="segserve-predict"),
+                ThreadPoolExecutor(encode_threads, thread_name_prefix="segserve-encode"),
+            ]
+            # Stop the threads when the runner goes away or the worker process exits.
+            self._finalizer = weakref.finalize(self, _shutdown, self.pools)
+
+    def close(self) -> None:
+        if self.pools:
+            self._finalizer()
+
+    def run(self, bodies: list) -> list:
+        """One result per body: encoded bytes, or the BadRequest raised for it (bodies may already be BadRequest)."""
+        size = self.micro_batch_size or max(len(bodies), 1)
+        chunks = [list(range(start, min(start + size, len(bodies)))) for start in range(0, len(bodies), size)]
+        results: list = [None] * len(bodies)
+        if not self.overlap:
+            for chunk in chunks:
+                self._store(results, chunk, self._encode_chunk(self._predict_chunk(self._decode_chunk(bodies, chunk))))
+            return results
+        decode_pool, predict_pool, encode_pool = self.pools
+        decoded = [decode_pool.submit(self._decode_chunk, bodies, chunk) for chunk in chunks]
+        predicted = [predict_pool.submit(lambda d: self._predict_chunk(d.result()), d) for d in decoded]
+        encoded = [encode_pool.submit(lambda p: self._encode_chunk(p.result()), p) for p in predicted]
+        for chunk, future in zip(chunks, encoded, strict=True):
+            self._store(results, chunk, future.result())
+        return results
+
+    # Stages: each takes and returns a list aligned with its chunk; errors travel as BadRequest values.
+    def _decode_chunk(self, bodies: list, chunk: list[int]) -> list:
+        started, out = time.perf_counter(), []
+        for idx in chunk:
+            body = bodies[idx]
+            try:
+                out.append(body if isinstance(body, self.bad_request) else self.decode(body))
+            except self.bad_request as error:
+                out.append(error)
+        self.times.add("decode_ms", (time.perf_counter() - started) * 1000)
+        return out
+
+    def _predict_chunk(self, items: list) -> list:
+        started = time.perf_counter()
+        valid = [i for i, item in enumerate(items) if not isinstance(item, self.bad_request)]
+        out = list(items)
+        if valid:
+            for i, result in zip(valid, self.predict([items[i] for i in valid]), strict=True):
+                out[i] = result
+        self.times.add("predict_ms", (time.perf_counter() - started) * 1000)
+        return out
+
+    def _encode_chunk(self, results: list) -> list:
+        started = time.perf_counter()
+        out = [r if isinstance(r, self.bad_request) else self.encode(r) for r in results]
+        self.times.add("encode_ms", (time.perf_counter() - started) * 1000)
+        return out
+
+    @staticmethod
+    def _store(results: list, chunk: list[int], values: list) -> None:
+        for idx, value in zip(chunk, values, strict=True):
+            results[idx] = value
+
+
+def _shutdown(pools: list[ThreadPoolExecutor]) -> None:
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
