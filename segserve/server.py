@@ -122,6 +122,9 @@ class TorchServe:
         ]
         log("$ " + " ".join(command))
         env = {
+            # Idle OpenMP threads sleep instead of spinning on cores the frontend and decoders need;
+            # measured here: 85 vs 73 req/s for seg at batch 16, 48 vs 8–14 with a busy neighbour.
+            "OMP_WAIT_POLICY": "PASSIVE",
             **os.environ,
             **self.env,
             "TMPDIR": str(self.run_dir / "tmp"),
