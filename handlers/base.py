@@ -33,6 +33,7 @@ class RunnerSettings:
     decode_threads: int = 1
     encode_threads: int = 1
     overlap: bool = False  # run decode / predict / encode of successive micro-batches in parallel threads
+    device: str = "auto"  # "auto": the worker's GPU when it has one; "cpu": always the CPU (e.g. JPEG beside a GPU model)
 
 
 RUNNER_KEYS = tuple(f.name for f in fields(RunnerSettings))
@@ -75,7 +76,9 @@ class SegserveHandler:
     def initialize(self, context) -> None:
         settings = dict((context.model_yaml_config or {}).get("handler") or {})
         common = parse_settings(RunnerSettings, {k: settings.pop(k) for k in RUNNER_KEYS if k in settings})
-        self.device = pick_device(context)
+        if common.device not in ("auto", "cpu"):
+            raise ValueError(f"handler.device must be 'auto' or 'cpu' (got {common.device!r})")
+        self.device = pick_device(context) if common.device == "auto" else torch.device("cpu")
         threads = common.threads or int(os.environ.get("SEGSERVE_THREADS", 0) or 0)
         if threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(threads)
@@ -122,6 +125,16 @@ class SegserveHandler:
         values = {**self.stages.times.drain(), "response_bytes": response_bytes, "requests": requests}
         for name, value in values.items():
             metrics.add_counter("Segserve" + "".join(part.title() for part in name.split("_")), value)
+
+    def accept(self, upstream):
+        """Take an upstream node's in-process result as this node's item (fused pipeline), or
+        NotImplemented: then the pipeline passes the upstream's encoded bytes through decode()."""
+        return NotImplemented
+
+    def infer(self, items: list):
+        """(batch, per-row results) for an in-process successor; by default the results of predict()."""
+        results = self.predict(items)
+        return None, results
 
     # Hooks -----------------------------------------------------------------
     def load(self, model_dir: str, settings: dict, manifest: dict) -> None:

@@ -71,6 +71,10 @@ class JpegHandler(SegserveHandler):
             )
         return class_map
 
+    def accept(self, upstream):
+        """A class map handed over in process by the segmentation node (fused pipeline): no bytes in between."""
+        return upstream if isinstance(upstream, classmap.ClassMap) else NotImplemented
+
     def colourise(self, class_map: classmap.ClassMap) -> torch.Tensor:
         """uint8 [3, H, W] at the original size: nearest-neighbour labels, then palette lookup."""
         labels = class_map.labels.to(self.device, non_blocking=True)

@@ -150,7 +150,10 @@ class SegmentationHandler(SegserveHandler):
         slot.copy_(pixels).sub_(mean).div_(std)
 
     @torch.inference_mode()
-    def predict(self, items: list[Decoded]) -> list[bytes]:
+    def infer(self, items: list[Decoded]) -> tuple[torch.Tensor, list[classmap.ClassMap]]:
+        """The batch through the network: uint8 labels on the model's device, one ClassMap (a view) per row.
+
+        In a fused pipeline the next node takes these directly, so nothing crosses to the host here."""
         s, rows = self.settings, len(items)
         shape = (rows, 3, s.input_height, s.input_width)
         host = self.pool.get("input", shape, torch.float32)
@@ -168,10 +171,16 @@ class SegmentationHandler(SegserveHandler):
             logits = self.network(batch.to(self.compute_dtype).contiguous(memory_format=self.memory_format))
             labels = logits.argmax(1).to(torch.uint8)  # only the class map leaves the device, never logits
         if self.streams.cuda:
-            labels = self.streams.to_host(labels, self.pool.get("labels", (rows, s.input_height, s.input_width), torch.uint8))
             self.stages.times.add("host_to_device_bytes", host.numel() * host.element_size())
+        maps = [classmap.ClassMap(labels[i], s.num_classes, item.original_height, item.original_width) for i, item in enumerate(items)]
+        return labels, maps
+
+    def predict(self, items: list[Decoded]) -> list[bytes]:
+        labels, maps = self.infer(items)
+        if self.streams.cuda:  # into a reused pinned buffer on the copy stream
+            labels = self.streams.to_host(labels, self.pool.get("labels", tuple(labels.shape), torch.uint8))
             self.stages.times.add("device_to_host_bytes", labels.numel())
-        return [classmap.pack(labels[i], s.num_classes, item.original_height, item.original_width) for i, item in enumerate(items)]
+        return [classmap.pack(labels[i], m.num_classes, m.original_height, m.original_width) for i, m in enumerate(maps)]
 
     def encode(self, result: bytes) -> bytes:
         return result  # the class map was packed in predict, so the reused label buffer is free for the next batch

@@ -42,6 +42,15 @@ def stage_handler_package(root: Path, staging: Path) -> Path:
     return package.parent
 
 
+def stage_fused_extras(extra: Path, spec: Path, seg_config: Path, jpeg_config: Path) -> Path:
+    """What the fused archive carries beside the handlers: the DAG spec and each node's config."""
+    (extra / "nodes").mkdir(exist_ok=True)
+    shutil.copy2(seg_config, extra / "nodes" / "seg.yaml")
+    shutil.copy2(jpeg_config, extra / "nodes" / "jpeg.yaml")
+    shutil.copy2(spec, extra / spec.name)
+    return extra
+
+
 def write_model_config(source: Path, target: Path, handler_overrides: dict) -> Path:
     config = yaml.safe_load(source.read_text()) or {}
     config.setdefault("handler", {}).update({k: v for k, v in handler_overrides.items() if v is not None})
@@ -106,6 +115,9 @@ def build(
             archive_model("jpeg", root / "handlers" / "jpeg", None, jpeg_config, extra, model_store, log),
             archive_workflow(workflow_spec, model_store, log),
         ]
+        fused_config = write_model_config(root / "model_config" / "seg_jpeg_fused.yaml", staging / "seg_jpeg_fused.yaml", {})
+        fused_extra = stage_fused_extras(extra, workflow_spec, seg_config, jpeg_config)
+        built.append(archive_model("seg_jpeg_fused", root / "handlers" / "pipeline", weights, fused_config, fused_extra, model_store, log))
     for path in built:
         log(f"built {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return built

@@ -27,8 +27,9 @@ def _server(args):
 
 
 def start_pipeline(server, log=print) -> None:
-    """Start TorchServe and register seg, jpeg and the seg_jpeg workflow; stop it again on any failure."""
-    for archive in ("seg.mar", "jpeg.mar", "seg_jpeg.war"):
+    """Start TorchServe and register seg, jpeg, the seg_jpeg workflow and the fused seg_jpeg_fused;
+    stop it again on any failure."""
+    for archive in ("seg.mar", "jpeg.mar", "seg_jpeg.war", "seg_jpeg_fused.mar"):
         if not (server.model_store / archive).exists():
             raise UsageError(f"{server.model_store / archive} is missing: run `segserve build` first")
     server.start(log=log)
@@ -36,6 +37,7 @@ def start_pipeline(server, log=print) -> None:
         server.register_model("seg.mar", "seg", log=log)
         server.register_model("jpeg.mar", "jpeg", log=log)
         server.register_workflow("seg_jpeg.war", "seg_jpeg", log=log)
+        server.register_model("seg_jpeg_fused.mar", "seg_jpeg_fused", log=log)
         for node in ("seg_jpeg__seg", "seg_jpeg__jpeg"):
             server.wait_ready(node)
     except BaseException:
@@ -69,7 +71,7 @@ def cmd_serve(args) -> int:
         print("TorchServe stopped" if server.stop() else f"no TorchServe running from {server.run_dir}")
         return 0
     start_pipeline(server)
-    print(f"serving /wfpredict/seg_jpeg at {server.url('inference')}; stop with `segserve serve --stop`")
+    print(f"serving /wfpredict/seg_jpeg and /predictions/seg_jpeg_fused at {server.url('inference')}; stop with `segserve serve --stop`")
     return 0
 
 

@@ -45,7 +45,7 @@ def unpack(archive, target):
     return target
 
 
-@pytest.mark.parametrize("name, body", [("seg", "samples/shapes_0.jpg"), ("jpeg", None)])
+@pytest.mark.parametrize("name, body", [("seg", "samples/shapes_0.jpg"), ("jpeg", None), ("seg_jpeg_fused", "samples/shapes_2.jpg")])
 def test_each_mar_runs_with_only_the_archive_on_the_path(model_store, tmp_path, name, body):
     archive_dir = unpack(model_store / f"{name}.mar", tmp_path / name)
     manifest = json.loads((archive_dir / "MAR-INF" / "MANIFEST.json").read_text())
@@ -60,7 +60,7 @@ def test_each_mar_runs_with_only_the_archive_on_the_path(model_store, tmp_path, 
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 200
-    assert result["type"] == ("image/jpeg" if name == "jpeg" else "application/octet-stream")
+    assert result["type"] == ("application/octet-stream" if name == "seg" else "image/jpeg")
     assert result["bytes"] > 0
 
 

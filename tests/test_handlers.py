@@ -187,3 +187,14 @@ def test_handlers_on_cuda_match_the_cpu(tiny_weights, seg, jpeg, tmp_path):
     jpegs, context = run(jpeg_gpu, maps_gpu)
     assert all(status_of(context, i) == 200 for i in range(2))
     assert decode_jpeg(torch.frombuffer(bytearray(jpegs[0]), dtype=torch.uint8)).shape == (3, 256, 448)
+
+
+def test_fused_pipeline_runs_chains_and_refuses_other_dags():
+    from handlers.pipeline import chain_order
+
+    assert chain_order({"seg": ["jpeg"]}) == ["seg", "jpeg"]
+    assert chain_order({"a": ["b"], "b": ["c"]}) == ["a", "b", "c"]
+    with pytest.raises(ValueError, match="chains only"):
+        chain_order({"seg": ["jpeg", "jpeg_hq"]})
+    with pytest.raises(ValueError, match="chains only"):
+        chain_order({"a": ["c"], "b": ["c"]})

@@ -11,6 +11,7 @@ from handlers.base import BATCH_SIZE_HEADER
 from segserve.http import Connection
 from segserve.synthetic import make_sample
 from segserve.train import normalise
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 HELD_OUT_SEEDS = range(5_000_000, 5_000_006)  # never used in training
@@ -113,4 +114,35 @@ def test_registration_from_a_url_is_refused(server):
 
 def test_workflow_nodes_are_registered_as_models(server):
     names = {m["modelName"] for m in server.call("management", "GET", "/models").json()["models"]}
-    assert {"seg", "jpeg", "seg_jpeg__seg", "seg_jpeg__jpeg"} <= names
+    assert {"seg", "jpeg", "seg_jpeg__seg", "seg_jpeg__jpeg", "seg_jpeg_fused"} <= names
+
+
+def test_fused_pipeline_returns_the_same_bytes_as_the_workflow(server):
+    image, _ = make_sample(5_000_500, 300, 520)
+    raw = normalise(make_sample(5_000_501)[0][None])[0].half().numpy().tobytes()
+    for body in (encode_png(image).numpy().tobytes(), raw, (ROOT / "samples" / "shapes_3.jpg").read_bytes()):
+        workflow = post(server, "/wfpredict/seg_jpeg", body)
+        fused = post(server, "/predictions/seg_jpeg_fused", body)
+        assert fused.status == 200 and fused.content_type == "image/jpeg"
+        assert fused.body[:2] == b"\xff\xd8" and fused.body == workflow.body
+
+
+def test_fused_pipeline_answers_a_bad_image_with_its_own_400(server, slow_batching_fused):
+    good = encode_png(make_sample(5_000_600)[0]).numpy().tobytes()
+    bodies = [good, b"\x89PNG\r\n\x1a\nbroken", good]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        responses = list(pool.map(lambda body: post(server, slow_batching_fused, body), bodies))
+    assert [r.status for r in responses] == [200, 400, 200]
+    assert [r.headers[BATCH_SIZE_HEADER] for r in responses] == ["3"] * 3
+    assert json.loads(responses[1].body)["error"] == "PNG is truncated before its IHDR header"
+    assert responses[0].body == responses[2].body and responses[0].body[:2] == b"\xff\xd8"
+
+
+@pytest.fixture
+def slow_batching_fused(server):
+    path = "/models?url=seg_jpeg_fused.mar&model_name=fused_batch3&batch_size=3&max_batch_delay=3000&initial_workers=1&synchronous=true"
+    assert server.call("management", "POST", path).status == 200
+    try:
+        yield "/predictions/fused_batch3"
+    finally:
+        server.call("management", "DELETE", "/models/fused_batch3")

@@ -25,7 +25,7 @@ from segserve.bench.schema import best
 from segserve.bench.server_metrics import ProcessSampler, handler_stages, per_request_ms, scrape
 from segserve.bench.stats import latency_summary, spread, stable_tail
 from segserve.bench.suite import Suite
-from segserve.build import archive_model, archive_workflow, stage_handler_package, write_model_config
+from segserve.build import archive_model, archive_workflow, stage_fused_extras, stage_handler_package, write_model_config
 from segserve.errors import UsageError
 from segserve.server import TorchServe
 
@@ -38,7 +38,11 @@ PATHS = {
 MODELS = {"seg": ["seg"], "jpeg": ["jpeg"], "seg_jpeg": ["seg_jpeg__seg", "seg_jpeg__jpeg"], "seg_jpeg_fused": ["seg_jpeg_fused"]}
 # Archive-level grid parameters that are handler settings, by stage: grid name → model_config `handler:` key.
 RUNNER_PARAMS = {"micro_batch_size": "micro_batch_size", "overlap": "overlap", "decode_threads": "decode_threads"}
-HANDLER_PARAMS = {"seg": {"precision": "precision", **RUNNER_PARAMS}, "jpeg": {"jpeg_quality": "quality", **RUNNER_PARAMS}}
+HANDLER_PARAMS = {
+    "seg": {"precision": "precision", **RUNNER_PARAMS},
+    "jpeg": {"jpeg_quality": "quality", **RUNNER_PARAMS},
+    "seg_jpeg_fused": RUNNER_PARAMS,  # node settings (precision, quality) go to its node configs
+}
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
 
 
@@ -74,16 +78,31 @@ class Bench:
 
     # Archives ------------------------------------------------------------------
     def archive_for(self, stage: str, archive: dict) -> str:
-        """The .mar of a stage with this point's handler settings (they live inside the archive), built once."""
+        """The .mar of a stage (seg, jpeg or the fused seg_jpeg_fused) with this point's handler settings,
+        which live inside the archive; built once per distinct setting."""
         settings = {key: archive[param] for param, key in HANDLER_PARAMS[stage].items() if param in archive}
         name = f"{stage}-" + hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
-        if not (self.store / f"{name}.mar").exists():
-            staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
-            config = write_model_config(self.root / "model_config" / f"{stage}.yaml", staging / f"{name}.yaml", settings)
-            handler = self.root / "handlers" / ("segmentation" if stage == "seg" else "jpeg")
-            weights = self.weights if stage == "seg" else None
-            archive_model(name, handler, weights, config, stage_handler_package(self.root, staging), self.store, lambda _: None)
-            shutil.rmtree(staging)
+        if (self.store / f"{name}.mar").exists():
+            return f"{name}.mar"
+        staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
+        configs = self.root / "model_config"
+        extra = stage_handler_package(self.root, staging)
+        if stage == "seg_jpeg_fused":
+            # Node settings go into the node configs packed beside the spec; stage settings to the fused worker.
+            nodes = {
+                node: write_model_config(
+                    configs / f"{node}.yaml",
+                    staging / f"node-{node}.yaml",
+                    {key: archive[param] for param, key in HANDLER_PARAMS[node].items() if param in archive and param not in RUNNER_PARAMS},
+                )
+                for node in ("seg", "jpeg")
+            }
+            stage_fused_extras(extra, self.root / "workflows" / "seg_jpeg.yaml", nodes["seg"], nodes["jpeg"])
+        config = write_model_config(configs / f"{stage}.yaml", staging / f"{name}.yaml", settings)
+        handler = self.root / "handlers" / {"seg": "segmentation", "jpeg": "jpeg", "seg_jpeg_fused": "pipeline"}[stage]
+        weights = None if stage == "jpeg" else self.weights
+        archive_model(name, handler, weights, config, extra, self.store, lambda _: None)
+        shutil.rmtree(staging)
         return f"{name}.mar"
 
     # Reconfiguration -------------------------------------------------------------
@@ -119,11 +138,12 @@ class Bench:
             else:
                 server.unregister("models", previous)
         self.registered_key = None
-        seg_mar = self.archive_for("seg", archive) if "seg" in planning.STAGES[point.target] else None
-        jpeg_mar = self.archive_for("jpeg", archive) if "jpeg" in planning.STAGES[point.target] else None
+        workflow = point.target == "seg_jpeg"
+        seg_mar = self.archive_for("seg", archive) if point.target == "seg" or workflow else None
+        jpeg_mar = self.archive_for("jpeg", archive) if point.target == "jpeg" or workflow else None
         batching = f"batch_size={archive['batch_size']}&max_batch_delay={archive['max_batch_delay_ms']}"
-        if point.target in ("seg", "jpeg"):
-            url = seg_mar if point.target == "seg" else jpeg_mar
+        if point.target in ("seg", "jpeg", "seg_jpeg_fused"):
+            url = {"seg": seg_mar, "jpeg": jpeg_mar}.get(point.target) or self.archive_for("seg_jpeg_fused", archive)
             path = f"/models?url={url}&model_name={point.target}&{batching}&initial_workers={workers[point.target]}&synchronous=true"
             server._expect_ok(server.call("management", "POST", path), f"registering {point.target}")
         elif point.target == "seg_jpeg":
@@ -143,8 +163,6 @@ class Bench:
             archive_workflow(spec_dir / "seg_jpeg.yaml", self.store, lambda _: None)
             server.register_workflow("seg_jpeg.war", "seg_jpeg", log=lambda _: None)
             shutil.rmtree(spec_dir)
-        else:
-            raise UsageError("target seg_jpeg_fused needs the fused pipeline archive, which does not exist yet")
         for model in MODELS[point.target]:
             server.wait_ready(model)
         self.registered_key = key
