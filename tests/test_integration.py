@@ -2,6 +2,7 @@
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -68,15 +69,21 @@ def test_seed_raw_fp16_body_through_the_workflow_returns_a_448x256_jpeg(server):
     assert iou(predicted, mask.bool()) >= 0.9
 
 
-@pytest.fixture
-def slow_batching_seg(server):
-    """seg.mar registered again with batch 4 and a 3 s delay, so four concurrent requests share one batch."""
-    path = "/models?url=seg.mar&model_name=seg_batch4&batch_size=4&max_batch_delay=3000&initial_workers=1&synchronous=true"
+@contextmanager
+def registered_with_batch(server, archive: str, name: str, batch_size: int):
+    """An archive registered again with a 3 s batch delay, so `batch_size` concurrent requests share one batch."""
+    path = f"/models?url={archive}&model_name={name}&batch_size={batch_size}&max_batch_delay=3000&initial_workers=1&synchronous=true"
     assert server.call("management", "POST", path).status == 200
     try:
-        yield "/predictions/seg_batch4"
+        yield f"/predictions/{name}"
     finally:
-        server.call("management", "DELETE", "/models/seg_batch4")
+        server.call("management", "DELETE", f"/models/{name}")
+
+
+@pytest.fixture
+def slow_batching_seg(server):
+    with registered_with_batch(server, "seg.mar", "seg_batch4", 4) as path:
+        yield path
 
 
 def test_one_corrupt_image_in_a_batch_gets_400_and_the_others_200(server, slow_batching_seg):
@@ -140,9 +147,5 @@ def test_fused_pipeline_answers_a_bad_image_with_its_own_400(server, slow_batchi
 
 @pytest.fixture
 def slow_batching_fused(server):
-    path = "/models?url=seg_jpeg_fused.mar&model_name=fused_batch3&batch_size=3&max_batch_delay=3000&initial_workers=1&synchronous=true"
-    assert server.call("management", "POST", path).status == 200
-    try:
-        yield "/predictions/fused_batch3"
-    finally:
-        server.call("management", "DELETE", "/models/fused_batch3")
+    with registered_with_batch(server, "seg_jpeg_fused.mar", "fused_batch3", 3) as path:
+        yield path

@@ -14,12 +14,14 @@ import torch
 from handlers.segnet import SegNet
 
 
-def forward_throughput_ips(weights: str, backbone: str, batch_size: int, seconds: float, repeats: int = 3) -> float:
+def forward_throughput_ips(
+    weights: str, backbone: str, batch_size: int, seconds: float, height: int = 256, width: int = 448, repeats: int = 3
+) -> float:
     """Median over `repeats` timed runs of images per second through forward() (fp32, channels_last)."""
     network = SegNet(2, backbone)
     network.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     network = network.eval().to(memory_format=torch.channels_last)
-    batch = torch.randn(batch_size, 3, 256, 448).contiguous(memory_format=torch.channels_last)
+    batch = torch.randn(batch_size, 3, height, width).contiguous(memory_format=torch.channels_last)
     rates = []
     with torch.inference_mode():
         network(batch)  # warm-up: first call allocates and picks kernels
@@ -39,10 +41,16 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--height", type=int, default=256)
+    parser.add_argument("--width", type=int, default=448)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rate = forward_throughput_ips(args.weights, args.backbone, args.batch_size, args.seconds)
-    print(json.dumps({"batch_size": args.batch_size, "threads": args.threads, "throughput_ips": rate}))
+    rate = forward_throughput_ips(args.weights, args.backbone, args.batch_size, args.seconds, args.height, args.width)
+    print(
+        json.dumps(
+            {"batch_size": args.batch_size, "threads": args.threads, "input_size": [args.height, args.width], "throughput_ips": rate}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -80,6 +80,7 @@ def expand(suite: Suite) -> list[Point]:
         }
         if "seg" in stages:
             archive_values["precision"] = grid.archive.precision
+            archive_values["input_size"] = grid.archive.input_size
         if "jpeg" in stages:
             archive_values["jpeg_quality"] = grid.archive.jpeg_quality
         for server, archive, runtime, load in itertools.product(

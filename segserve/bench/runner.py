@@ -39,11 +39,23 @@ MODELS = {"seg": ["seg"], "jpeg": ["jpeg"], "seg_jpeg": ["seg_jpeg__seg", "seg_j
 # Archive-level grid parameters that are handler settings, by stage: grid name → model_config `handler:` key.
 RUNNER_PARAMS = {"micro_batch_size": "micro_batch_size", "overlap": "overlap", "decode_threads": "decode_threads"}
 HANDLER_PARAMS = {
-    "seg": {"precision": "precision", **RUNNER_PARAMS},
+    "seg": {"precision": "precision", "input_size": "input_size", **RUNNER_PARAMS},
     "jpeg": {"jpeg_quality": "quality", **RUNNER_PARAMS},
     "seg_jpeg_fused": RUNNER_PARAMS,  # node settings (precision, quality) go to its node configs
 }
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
+
+
+def handler_settings(stage: str, archive: dict, nodes_only: bool = False) -> dict:
+    """The model_config `handler:` values a point's archive parameters set for a stage."""
+    settings = {
+        key: archive[param]
+        for param, key in HANDLER_PARAMS[stage].items()
+        if param in archive and not (nodes_only and param in RUNNER_PARAMS)
+    }
+    if "input_size" in settings:  # the light preset: a smaller model input, same images
+        settings["input_height"], settings["input_width"] = settings.pop("input_size")
+    return settings
 
 
 def environment(root: Path) -> dict:
@@ -80,7 +92,7 @@ class Bench:
     def archive_for(self, stage: str, archive: dict) -> str:
         """The .mar of a stage (seg, jpeg or the fused seg_jpeg_fused) with this point's handler settings,
         which live inside the archive; built once per distinct setting."""
-        settings = {key: archive[param] for param, key in HANDLER_PARAMS[stage].items() if param in archive}
+        settings = handler_settings(stage, archive)
         name = f"{stage}-" + hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:8]
         if (self.store / f"{name}.mar").exists():
             return f"{name}.mar"
@@ -93,7 +105,7 @@ class Bench:
                 node: write_model_config(
                     configs / f"{node}.yaml",
                     staging / f"node-{node}.yaml",
-                    {key: archive[param] for param, key in HANDLER_PARAMS[node].items() if param in archive and param not in RUNNER_PARAMS},
+                    handler_settings(node, archive, nodes_only=True),
                 )
                 for node in ("seg", "jpeg")
             }
@@ -243,10 +255,12 @@ class Bench:
         }
 
     def process_groups(self, point: planning.Point) -> dict[str, list[int]]:
-        """Server processes by role: the Java frontend, the workers of each model of the target, the rest."""
+        """Server processes by role: the Java frontend, each worker ("<model>/<pid>"), the rest."""
         groups: dict[str, list[int]] = {}
         for model in MODELS[point.target]:
-            groups[model] = [int(w["pid"]) for w in self.server.describe(model).get("workers", []) if w.get("pid")]
+            for worker in self.server.describe(model).get("workers", []):
+                if worker.get("pid"):
+                    groups[f"{model}/{worker['pid']}"] = [int(worker["pid"])]
         workers = {pid for pids in groups.values() for pid in pids}
         for pid in self.server.process_ids():
             if pid not in workers:
@@ -310,12 +324,14 @@ class Bench:
 
     def bare_throughputs(self, records: list[dict]) -> list[dict]:
         """The bare forward throughput for every (batch size, threads) that seg ran with."""
-        combos = sorted({(r["batch_size"], r.get("omp_num_threads")) for r in records if r["target"] != "jpeg"}, key=str)
+        combos = {
+            (r["batch_size"], r.get("omp_num_threads"), tuple(r.get("input_size") or (256, 448))) for r in records if r["target"] != "jpeg"
+        }
         results = []
-        for batch_size, threads in combos:
+        for batch_size, threads, (height, width) in sorted(combos, key=str):
             threads = threads or len(__import__("os").sched_getaffinity(0))
             command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(self.weights)]
-            command += ["--batch-size", str(batch_size), "--threads", str(threads)]
+            command += ["--batch-size", str(batch_size), "--threads", str(threads), "--height", str(height), "--width", str(width)]
             done = subprocess.run(
                 command, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": str(threads)}
             )

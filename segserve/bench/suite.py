@@ -63,6 +63,8 @@ class ArchiveGrid(Strict):
     max_batch_delay_ms: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [5]
     precision: list[Literal["fp32", "fp16", "bf16"]] = ["fp32"]
     jpeg_quality: list[Annotated[int, Field(ge=1, le=100)]] = [90]
+    # Model input [height, width] of the seg stage; images are resized to it (raw inputs must match it).
+    input_size: list[tuple[Annotated[int, Field(ge=32)], Annotated[int, Field(ge=32)]]] | None = None
     # Handler stage settings (handlers/base.py RunnerSettings), for every stage of the target.
     micro_batch_size: list[Annotated[int, Field(ge=0)]] | None = None
     overlap: list[bool] | None = None
