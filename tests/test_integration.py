@@ -149,3 +149,27 @@ def test_fused_pipeline_answers_a_bad_image_with_its_own_400(server, slow_batchi
 def slow_batching_fused(server):
     with registered_with_batch(server, "seg_jpeg_fused.mar", "fused_batch3", 3) as path:
         yield path
+
+
+def test_rescaling_a_workflow_node_under_load_loses_no_request(server):
+    import threading
+    import time
+
+    from segserve.bench.load import LoadSpec, run_load
+
+    bodies = [p.read_bytes() for p in sorted((ROOT / "samples").glob("*.jpg"))]
+    spec = LoadSpec(server.url("inference"), "/wfpredict/seg_jpeg", bodies, server.token("inference"), concurrency=4)
+    results = {}
+    load = threading.Thread(target=lambda: results.setdefault("load", run_load(spec, duration_s=12)))
+    load.start()
+    try:
+        time.sleep(2)
+        for workers in (2, 1):
+            server.scale("seg_jpeg__seg", workers)
+            assert len(server.describe("seg_jpeg__seg")["workers"]) == workers
+            time.sleep(2)
+    finally:
+        load.join()
+    result = results["load"]
+    assert len(result.status) > 20
+    assert result.status_counts() == {"200": len(result.status)}
