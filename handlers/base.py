@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from handlers.batching import StageRunner
+from handlers.pinning import claim_cores
 from handlers.settings import parse_settings
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class SegserveHandler:
         if common.device not in ("auto", "cpu"):
             raise ValueError(f"handler.device must be 'auto' or 'cpu' (got {common.device!r})")
         self.device = pick_device(context) if common.device == "auto" else torch.device("cpu")
+        # A core plan pins the worker and sizes its threads to its slot; an explicit `threads` still wins.
+        self.cores = claim_cores(getattr(context, "model_name", "") or "")
         threads = common.threads or int(os.environ.get("SEGSERVE_THREADS", 0) or 0)
         if threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(threads)
@@ -94,7 +97,9 @@ class SegserveHandler:
             overlap=common.overlap,
         )
         self.initialized = True
-        logger.info("%s ready on %s with %d threads (%s)", type(self).__name__, self.device, torch.get_num_threads(), common)
+        logger.info(
+            "%s ready on %s, cores %s, %d threads (%s)", type(self).__name__, self.device, self.cores, torch.get_num_threads(), common
+        )
 
     def handle(self, data: list, context) -> list:
         output: list = [None] * len(data)

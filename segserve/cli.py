@@ -23,6 +23,7 @@ def _server(args):
         model_store=Path(args.model_store),
         config_template=config,
         port_base=getattr(args, "port_base", None),
+        core_plan=Path(args.core_plan) if getattr(args, "core_plan", None) else None,
     )
 
 
@@ -103,6 +104,16 @@ def cmd_scale(args) -> int:
     return 0
 
 
+def cmd_pin(args) -> int:
+    from segserve.pinning import live_affinity
+
+    rows = live_affinity(_server(args))
+    print(f"{'model':24s} {'pid':>8s}  cpus")
+    for row in rows:
+        print(f"{row['model']:24s} {row['pid']:>8d}  {row['cpus']}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.suite[0] == "compare":
         from segserve.bench.report import compare
@@ -156,6 +167,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", parents=[common], help="start TorchServe and register seg, jpeg and seg_jpeg")
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
+    p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (see README)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
     p.set_defaults(run=cmd_serve)
 
@@ -173,6 +185,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="e.g. seg, jpeg, seg_jpeg__seg, seg_jpeg__jpeg")
     p.add_argument("--workers", type=int, required=True)
     p.set_defaults(run=cmd_scale)
+
+    p = sub.add_parser("pin", parents=[common], help="show the live CPU affinity of the frontend and every worker")
+    p.add_argument("--show", action="store_true", required=True)
+    p.set_defaults(run=cmd_pin)
 
     p = sub.add_parser("bench", help="run a benchmark suite, or `bench compare OLD NEW`")
     p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW")
