@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup build run bench test lint gpu-check clean
+.PHONY: setup setup-numactl build run bench test lint gpu-check clean
 
 setup: $(STAMP)
 
@@ -13,6 +13,10 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install -e '.[dev]'
 	touch $(STAMP)
+
+# TorchServe's own CPU launcher (pinning: torchserve in a suite) needs numactl.
+setup-numactl:
+	command -v numactl >/dev/null || (apt-get update -q && apt-get install -y -q numactl)
 
 build: setup
 	$(BIN)/segserve build
@@ -26,7 +30,7 @@ run: build
 	echo "segmented JPEGs are in $(CURDIR)/out/"
 	$(BIN)/segserve bench benchmarks/quick.yaml
 
-bench: build
+bench: build setup-numactl
 	$(BIN)/segserve bench benchmarks/grid.yaml
 
 lint: setup

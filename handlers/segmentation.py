@@ -87,6 +87,17 @@ def load_network(path: Path, settings: SegmentationSettings) -> torch.nn.Module:
     return network
 
 
+def optimise_for_cpu(network: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """ipex.optimize when Intel Extension for PyTorch is importable (optional: its releases trail torch's)."""
+    if device.type != "cpu":
+        return network
+    try:
+        import intel_extension_for_pytorch as ipex
+    except ImportError:
+        return network
+    return ipex.optimize(network)
+
+
 class SegmentationHandler(SegserveHandler):
     content_type = "application/octet-stream"
 
@@ -103,7 +114,7 @@ class SegmentationHandler(SegserveHandler):
         memory_format = torch.channels_last if s.channels_last else torch.contiguous_format
         self.memory_format = memory_format
         network = load_network(Path(model_dir) / manifest["model"]["serializedFile"], s)
-        self.network = network.eval().to(self.device, dtype=self.compute_dtype, memory_format=memory_format)
+        self.network = optimise_for_cpu(network.eval().to(self.device, dtype=self.compute_dtype, memory_format=memory_format), self.device)
         # Normalisation on the 0–255 scale, so a uint8 image is copied in and normalised in place.
         self.norm = {
             kind: (torch.tensor(MEAN_RGB, device=dev).view(3, 1, 1) * 255, torch.tensor(STD_RGB, device=dev).view(3, 1, 1) * 255)

@@ -127,8 +127,16 @@ class Bench:
         if "omp_wait_policy" in params:
             env["OMP_WAIT_POLICY"] = params["omp_wait_policy"].upper()
         overrides = {"number_of_netty_threads": str(params["netty_threads"])} if "netty_threads" in params else {}
+        pinning = params.get("pinning", "none")
+        if pinning == "torchserve":
+            if not shutil.which("numactl"):
+                raise UsageError("pinning 'torchserve' needs numactl: apt-get install numactl (or `make setup-numactl`)")
+            overrides["cpu_launcher_enable"] = "true"
+        core_plan = Path(self.suite.core_plan) if pinning == "plan" else None
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
-        self.server = TorchServe(run_dir, self.store, self.root / "config.properties", free_ports=True, config_overrides=overrides, env=env)
+        self.server = TorchServe(
+            run_dir, self.store, self.root / "config.properties", free_ports=True, config_overrides=overrides, env=env, core_plan=core_plan
+        )
         self.server.start(log=lambda _: None)
         self.server_key, self.registered_key, self.current_workers = point.server, None, {}
 

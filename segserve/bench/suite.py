@@ -54,6 +54,9 @@ class ServerGrid(Strict):
     # OMP_WAIT_POLICY for every worker: "passive" stops idle OpenMP threads from spinning on cores the
     # frontend and the decoders need (libgomp spins by default).
     omp_wait_policy: list[Literal["active", "passive"]] | None = None
+    # none: no pinning; torchserve: its own launcher (cpu_launcher_enable, needs numactl);
+    # plan: the suite's core_plan (segserve/pinning.py)
+    pinning: list[Literal["none", "torchserve", "plan"]] | None = None
 
 
 class ArchiveGrid(Strict):
@@ -129,6 +132,13 @@ class Suite(Strict):
     load: LoadSettings = LoadSettings()
     constraints: dict[str, Bound] = {}
     objective: str = "throughput_rps"
+    core_plan: str | None = None  # the plan used by grid.server.pinning "plan"
+
+    @model_validator(mode="after")
+    def plan_for_pinning(self):
+        if "plan" in (self.grid.server.pinning or []) and not self.core_plan:
+            raise ValueError("grid.server.pinning has 'plan': give the plan file as core_plan")
+        return self
 
     @field_validator("constraints")
     @classmethod
