@@ -136,7 +136,7 @@ def cmd_bench(args) -> int:
     if args.dry_run:
         print(plan.describe(suite, plan.expand(suite)))
         return 0
-    from segserve.bench.runner import run_suite
+    from segserve.bench.session import run_suite
 
     resume = Path(args.resume) if args.resume else None
     run_suite(suite_path, suite, Path.cwd(), Path(args.results), Path(args.weights), resume)

@@ -6,22 +6,19 @@ it), then summary.csv/jsonl, report.md, plots and best/ at the end.
 
 import hashlib
 import json
-import platform
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC
 from pathlib import Path
 
 import yaml
 
 from segserve.bench import plan as planning
-from segserve.bench import report
 from segserve.bench.inputs import class_maps, request_bodies
 from segserve.bench.load import LoadSpec, run_load
-from segserve.bench.schema import best
 from segserve.bench.server_metrics import ProcessSampler, handler_stages, per_request_ms, scrape
 from segserve.bench.stats import latency_summary, spread, stable_tail
 from segserve.bench.suite import Suite
@@ -56,27 +53,6 @@ def handler_settings(stage: str, archive: dict, nodes_only: bool = False) -> dic
     if "input_size" in settings:  # the light preset: a smaller model input, same images
         settings["input_height"], settings["input_width"] = settings.pop("input_size")
     return settings
-
-
-def environment(root: Path) -> dict:
-    from importlib.metadata import version
-
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"
-    )
-    git = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
-    return {
-        "cpu_model": cpu,
-        "cpu_cores": len(__import__("os").sched_getaffinity(0)),
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "torchvision": version("torchvision"),
-        "torchserve": version("torchserve"),
-        "java": java[0] if java else "?",
-        "git_sha": (git.stdout.strip() or "?") + ("-dirty" if dirty else ""),
-    }
 
 
 class Bench:
@@ -337,12 +313,10 @@ class Bench:
         }
         results = []
         for batch_size, threads, (height, width) in sorted(combos, key=str):
-            threads = threads or len(__import__("os").sched_getaffinity(0))
+            threads = threads or len(os.sched_getaffinity(0))
             command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(self.weights)]
             command += ["--batch-size", str(batch_size), "--threads", str(threads), "--height", str(height), "--width", str(width)]
-            done = subprocess.run(
-                command, capture_output=True, text=True, env={**__import__("os").environ, "OMP_NUM_THREADS": str(threads)}
-            )
+            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
             if done.returncode == 0:
                 results.append(json.loads(done.stdout.strip().splitlines()[-1]))
             else:
@@ -366,82 +340,3 @@ class Progress:
         else:
             outcome = f"{record['throughput_rps']:.1f} req/s, p99 {record['latency_p99_ms'] or float('nan'):.0f} ms"
         self.log(f"[{bar:<20}] {self.done}/{self.total} {point.target} {params}: {outcome} ({elapsed_s:.0f}s; ETA {eta_s / 60:.1f} min)")
-
-
-def write_best(out_dir: Path, root: Path, records: list[dict], suite: Suite) -> dict | None:
-    """best/config.properties and best/seg_jpeg.yaml from the best pipeline point (else the best point of any target)."""
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    for target in ("seg_jpeg", "seg_jpeg_fused", "seg", "jpeg"):
-        chosen = best([r for r in records if r["target"] == target], constraints, suite.objective)
-        if chosen:
-            break
-    else:
-        return None
-    best_dir = out_dir / "best"
-    best_dir.mkdir(exist_ok=True)
-    overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
-    from segserve.server import render_config
-
-    render_config(root / "config.properties", best_dir / "config.properties", overrides)
-    note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s)."
-    if chosen.get("omp_num_threads"):
-        note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
-    text = (best_dir / "config.properties").read_text()
-    (best_dir / "config.properties").write_text(note + "\n" + text)
-    spec = yaml.safe_load((root / "workflows" / "seg_jpeg.yaml").read_text())
-    spec["models"]["batch-size"] = chosen["batch_size"]
-    spec["models"]["max-batch-delay"] = chosen["max_batch_delay_ms"]
-    for stage in ("seg", "jpeg"):
-        workers = chosen.get(f"{stage}_workers") or chosen["workers"]
-        spec["models"][stage].update({"min-workers": workers, "max-workers": workers})
-    (best_dir / "seg_jpeg.yaml").write_text(f"# From {chosen['run_id']} ({chosen['target']}).\n" + yaml.safe_dump(spec, sort_keys=False))
-    return chosen
-
-
-def run_suite(suite_path: Path, suite: Suite, root: Path, results_root: Path, weights: Path, resume: Path | None, log=print) -> Path:
-    """Measure every point (skipping finished ones with --resume) and write the result folder; return it."""
-    from datetime import datetime
-
-    if not weights.exists():
-        raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
-    if resume is not None:
-        if not (resume / "runs").is_dir():
-            raise UsageError(f"--resume {resume}: not a result folder (no runs/ inside)")
-        out_dir = resume
-    else:
-        out_dir = results_root / suite.name / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(suite_path, out_dir / "suite.yaml")
-    env_info = environment(root)
-    bench = Bench(suite, root, out_dir, weights, log)
-    log(planning.describe(suite, bench.points).splitlines()[-1])
-    records = bench.run(env_info)
-    log("measuring the bare model's forward throughput (the compute limit) …")
-    bare = bench.bare_throughputs(records)
-    (out_dir / "bare.json").write_text(json.dumps(bare, indent=2) + "\n")
-    swept = planning.swept(bench.points)
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    report.write_summary(out_dir, records, swept)
-    report_path = report.write_report(out_dir, suite.name, records, swept, constraints, suite.objective, bare, env_info)
-    write_best(out_dir, root, records, suite)
-    log(terminal_summary(records, swept, constraints, suite.objective, bare))
-    log(f"results: {out_dir}  (report: {report_path})")
-    return out_dir
-
-
-def terminal_summary(records: list[dict], swept: list[str], constraints: dict, objective: str, bare: list[dict]) -> str:
-    """What a user sees at the end of a run: every point in one table, then the efficiency table."""
-    columns = ["run_id", *[p for p in swept if p != "target"], "throughput_rps", "latency_p50_ms", "latency_p99_ms"]
-    columns += ["requests_failed", "server_queue_ms", "reconfigure_s", "error"]
-    text = "\n" + report.render_table(records, columns)
-    served = report.served_vs_bare(records, constraints, objective, bare)
-    if served:
-        text += "\n\nServed seg vs bare forward:\n" + report.render_table([served], list(served))
-    rows = report.efficiency(records, constraints, objective, bare)
-    if rows:
-        text += "\n\nPipeline efficiency (best point of each target):\n"
-        text += report.render_table(rows, ["pipeline", "pipeline_rps", "seg_rps", "jpeg_rps", "shared_bound_rps", "ratio_shared"])
-        text += "\n\n" + report.render_table(
-            rows, ["pipeline", "disjoint_bound_rps", "ratio_disjoint", "bare_rps", "ratio_bare", "bare_batch_size"]
-        )
-    return text
