@@ -256,7 +256,7 @@ class TorchServe:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             workers = self.describe(model).get("workers", [])
-            if workers and all(w.get("status") == "READY" for w in workers):
+            if workers and all(w.get("status") == "READY" and int(w.get("pid") or -1) > 0 for w in workers):
                 return
             time.sleep(0.5)
         raise RuntimeFailure(f"workers of {model} are not READY after {timeout_s:.0f}s:\n{self.log_tail()}")

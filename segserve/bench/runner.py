@@ -169,6 +169,8 @@ class Bench:
             if self.current_workers.get(stage) != count:
                 model = f"seg_jpeg__{stage}" if point.target == "seg_jpeg" else point.target
                 self.server.scale(model, count)
+                # TorchServe's CPU launcher restarts every worker of the model on a scale: wait for them.
+                self.server.wait_ready(model)
                 self.current_workers[stage] = count
 
     # Measurement -----------------------------------------------------------------
@@ -243,7 +245,7 @@ class Bench:
         groups: dict[str, list[int]] = {}
         for model in MODELS[point.target]:
             for worker in self.server.describe(model).get("workers", []):
-                if worker.get("pid"):
+                if int(worker.get("pid") or -1) > 0:  # -1: a worker still starting
                     groups[f"{model}/{worker['pid']}"] = [int(worker["pid"])]
         workers = {pid for pids in groups.values() for pid in pids}
         for pid in self.server.process_ids():
@@ -273,7 +275,8 @@ class Bench:
         runs_dir = self.out_dir / "runs"
         runs_dir.mkdir(parents=True, exist_ok=True)
         done = {p.stem: json.loads(p.read_text()) for p in runs_dir.glob("*.json")}
-        todo = [p for p in self.points if p.run_id not in done]
+        # Failed points are measured again on --resume; finished ones are kept.
+        todo = [p for p in self.points if p.run_id not in done or done[p.run_id].get("error")]
         if done:
             self.log(f"resuming: {len(self.points) - len(todo)} of {len(self.points)} points already measured")
         if not todo:
