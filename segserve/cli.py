@@ -4,6 +4,7 @@ Errors print one line `error: ...` and exit 2 for usage/config errors, 1 for run
 """
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -201,8 +202,13 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # so `finally` blocks stop the TorchServe a command started
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.run(args)
     except UsageError as error:
