@@ -1,13 +1,17 @@
-"""The one `handle()` of segserve: per-row decode, one batched predict, per-row encode.
+"""The one `handle()` of segserve: per-row decode, batched predict, per-row encode.
 
 Subclasses write hooks only:
     load(model_dir, settings)  once per worker
     decode(body) -> item       one request; raise BadRequest for bad input
-    predict(items) -> results  the valid rows of a batch, together
+    predict(items) -> results  the valid rows of a (micro-)batch, together
     encode(result) -> bytes    one response body
+and, for the fused pipeline, optionally infer() (results kept in memory for
+the next node) and accept() (take the previous node's in-memory result).
 
-A bad row gets its own 400 with a JSON `{"error": ...}` body; its
-batch-mates are served. `len(output) == len(data)` always.
+handle() runs the hooks through a StageRunner (handlers/batching.py), which
+may split the batch into overlapped micro-batches. A bad row gets its own
+400 with a JSON `{"error": ...}` body; its batch-mates are served.
+`len(output) == len(data)` always.
 """
 
 import json
