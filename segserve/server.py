@@ -220,8 +220,15 @@ class TorchServe:
     def call(self, api: str, method: str, path: str, body: bytes | None = None, timeout_s: float = 300) -> Response:
         return request(self.url(api), method, path, token=self.token(api), body=body, timeout_s=timeout_s)
 
-    def register_model(self, archive: str, name: str, workers: int = 1, log=print) -> None:
+    def register_model(
+        self, archive: str, name: str, workers: int = 1, batch_size: int | None = None, max_batch_delay_ms: int | None = None, log=print
+    ) -> None:
+        """POST /models; batching from the archive's model-config unless given."""
         path = f"/models?url={archive}&model_name={name}&initial_workers={workers}&synchronous=true"
+        if batch_size is not None:
+            path += f"&batch_size={batch_size}"
+        if max_batch_delay_ms is not None:
+            path += f"&max_batch_delay={max_batch_delay_ms}"
         self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}")
         log(f"registered model {name} ({archive}, {workers} worker(s))")
 

@@ -10,16 +10,12 @@ from handlers.segnet import SegNet
 from segserve.build import build, ensure_weights
 from segserve.cli import start_pipeline
 from segserve.server import TorchServe
+from segserve.worker_context import worker_context
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_context(model_dir: Path, handler_settings: dict, serialized_file: str | None = None, rows: int = 0) -> Context:
-    """TorchServe's own Context, as a worker builds it, with `rows` request slots."""
-    manifest = {"model": {"modelName": "test", "serializedFile": serialized_file, "handler": "x:handle"}}
-    context = Context("test", str(model_dir), manifest, 8, None, "0.12.0", model_yaml_config={"handler": handler_settings})
-    context.request_processor = [RequestProcessor({}) for _ in range(rows)]
-    return context
+make_context = worker_context  # TorchServe's own Context, as a worker builds it
 
 
 def with_rows(context: Context, rows: int) -> Context:

@@ -168,12 +168,10 @@ def test_bf16_precision_runs(tiny_weights):
 @pytest.mark.gpu
 def test_handlers_on_cuda_match_the_cpu(tiny_weights, seg, jpeg, tmp_path):
     """nvJPEG decode, the network and argmax on the device, nvJPEG encode; same labels as the CPU."""
-    from ts.context import Context
 
     def on_gpu(handler_class, model_dir, settings, serialized=None):
         handler = handler_class()
-        manifest = {"model": {"modelName": "gpu", "serializedFile": serialized, "handler": "x:handle"}}
-        handler.initialize(Context("gpu", str(model_dir), manifest, 8, 0, "0.12.0", model_yaml_config={"handler": settings}))
+        handler.initialize(make_context(model_dir, settings, serialized, gpu_id=0))
         assert handler.device.type == "cuda"
         return handler
 

@@ -72,8 +72,7 @@ def test_seed_raw_fp16_body_through_the_workflow_returns_a_448x256_jpeg(server):
 @contextmanager
 def registered_with_batch(server, archive: str, name: str, batch_size: int):
     """An archive registered again with a 3 s batch delay, so `batch_size` concurrent requests share one batch."""
-    path = f"/models?url={archive}&model_name={name}&batch_size={batch_size}&max_batch_delay=3000&initial_workers=1&synchronous=true"
-    assert server.call("management", "POST", path).status == 200
+    server.register_model(archive, name, batch_size=batch_size, max_batch_delay_ms=3000, log=lambda _: None)
     try:
         yield f"/predictions/{name}"
     finally:

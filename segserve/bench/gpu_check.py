@@ -18,15 +18,7 @@ from handlers.jpeg import JpegHandler
 from handlers.segmentation import SegmentationHandler
 from handlers.segnet import SegNet
 from segserve.synthetic import make_sample
-
-
-def context_for(model_dir: Path, serialized: str | None, settings: dict, rows: int):
-    from ts.context import Context, RequestProcessor
-
-    manifest = {"model": {"modelName": "gpu-check", "serializedFile": serialized, "handler": "x:handle"}}
-    context = Context("gpu-check", str(model_dir), manifest, rows, 0, "0.12.0", model_yaml_config={"handler": settings})
-    context.request_processor = [RequestProcessor({}) for _ in range(rows)]
-    return context
+from segserve.worker_context import worker_context
 
 
 def timed(handler, bodies: list[bytes], context, seconds: float) -> tuple[float, list[bytes], dict]:
@@ -60,14 +52,14 @@ def main() -> None:
     for precision in ("fp32", "fp16"):
         seg = SegmentationHandler()
         settings = {"precision": precision, "micro_batch_size": max(args.batch_size // 4, 1), "overlap": True}
-        context = context_for(weights.parent, weights.name, settings, args.batch_size)
+        context = worker_context(weights.parent, settings, weights.name, rows=args.batch_size, gpu_id=0)
         seg.initialize(context)
         rate, maps, per_request = timed(seg, bodies, context, args.seconds)
         report[f"seg_{precision}_rps"] = round(rate, 1)
         report[f"seg_{precision}_device_to_host_bytes_per_request"] = per_request.get("device_to_host_bytes", 0.0)
     report["class_map_bytes"] = len(maps[0])
     jpeg = JpegHandler()
-    context = context_for(weights.parent, None, {}, args.batch_size)
+    context = worker_context(weights.parent, {}, rows=args.batch_size, gpu_id=0)
     jpeg.initialize(context)
     rate, jpegs, per_request = timed(jpeg, maps, context, args.seconds)
     report["jpeg_rps"] = round(rate, 1)

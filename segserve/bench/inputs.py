@@ -30,14 +30,11 @@ def request_bodies(suite: Suite) -> list[bytes]:
 
 def class_maps(bodies: list[bytes], weights: Path, seg_config_path: Path) -> list[bytes]:
     """The jpeg member's inputs: what the seg handler answers for `bodies`, computed in process."""
-    from ts.context import Context, RequestProcessor
-
     from handlers.segmentation import SegmentationHandler
+    from segserve.worker_context import worker_context
 
-    config = yaml.safe_load(seg_config_path.read_text())
-    manifest = {"model": {"modelName": "seg", "serializedFile": weights.name}}
-    context = Context("seg", str(weights.parent), manifest, len(bodies), None, "0.12.0", model_yaml_config=config)
-    context.request_processor = [RequestProcessor({}) for _ in bodies]
+    settings = (yaml.safe_load(seg_config_path.read_text()) or {}).get("handler", {})
+    context = worker_context(weights.parent, settings, weights.name, rows=len(bodies))
     handler = SegmentationHandler()
     handler.initialize(context)
     maps = handler.handle([{"body": body} for body in bodies], context)

@@ -137,11 +137,11 @@ class Bench:
         workflow = point.target == "seg_jpeg"
         seg_mar = self.archive_for("seg", archive) if point.target == "seg" or workflow else None
         jpeg_mar = self.archive_for("jpeg", archive) if point.target == "jpeg" or workflow else None
-        batching = f"batch_size={archive['batch_size']}&max_batch_delay={archive['max_batch_delay_ms']}"
         if point.target in ("seg", "jpeg", "seg_jpeg_fused"):
             url = {"seg": seg_mar, "jpeg": jpeg_mar}.get(point.target) or self.archive_for("seg_jpeg_fused", archive)
-            path = f"/models?url={url}&model_name={point.target}&{batching}&initial_workers={workers[point.target]}&synchronous=true"
-            server._expect_ok(server.call("management", "POST", path), f"registering {point.target}")
+            server.register_model(
+                url, point.target, workers[point.target], archive["batch_size"], archive["max_batch_delay_ms"], log=lambda _: None
+            )
         elif point.target == "seg_jpeg":
             spec = {
                 "models": {
