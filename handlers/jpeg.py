@@ -5,6 +5,7 @@ on the CPU, nvJPEG when the worker has a GPU (then only the JPEG bytes
 cross to the host).
 """
 
+import base64
 import json
 from dataclasses import dataclass, field
 
@@ -32,27 +33,8 @@ def voc_palette(size: int = 256) -> list[list[int]]:
     return palette
 
 
-@dataclass
-class JpegSettings:
-    quality: int = 90
-    # Colours for the first classes; classes beyond the list keep the VOC colours.
-    palette: list = field(default_factory=list)
-    max_image_pixels: int = 25_000_000
-
-
-class JpegHandler(SegserveHandler):
-    content_type = "image/jpeg"
-
-    def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
-        self.settings = s = parse_settings(JpegSettings, settings)
-        if not 1 <= s.quality <= 100:
-            raise ValueError(f"handler.quality must be 1–100 (got {s.quality})")
-        colours = voc_palette()
-        for label, rgb in enumerate(s.palette):
-            if len(rgb) != 3 or not all(0 <= c <= 255 for c in rgb):
-                raise ValueError(f"handler.palette[{label}] must be [r, g, b] in 0–255 (got {rgb!r})")
-            colours[label] = list(rgb)
-        self.palette = torch.tensor(colours, dtype=torch.uint8, device=self.device)
+class ClassMapInput:
+    """Decoding for nodes whose input is a class map: the JPEG and the areas node."""
 
     def decode(self, body: bytes) -> classmap.ClassMap:
         if body.startswith(UPSTREAM_ERROR_PREFIX):
@@ -75,6 +57,36 @@ class JpegHandler(SegserveHandler):
         """A class map handed over in process by the segmentation node (fused pipeline): no bytes in between."""
         return upstream if isinstance(upstream, classmap.ClassMap) else NotImplemented
 
+
+@dataclass
+class JpegSettings:
+    quality: int = 90
+    # Colours for the first classes; classes beyond the list keep the VOC colours.
+    palette: list = field(default_factory=list)
+    max_image_pixels: int = 25_000_000
+    # image: the JPEG bytes; json: {"content_type": "image/jpeg", "jpeg_base64": …}, for a DAG with
+    # several leaves, whose TorchServe response is one JSON object made of each leaf's JSON.
+    response: str = "image"
+
+
+class JpegHandler(ClassMapInput, SegserveHandler):
+    content_type = "image/jpeg"
+
+    def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
+        self.settings = s = parse_settings(JpegSettings, settings)
+        if not 1 <= s.quality <= 100:
+            raise ValueError(f"handler.quality must be 1–100 (got {s.quality})")
+        colours = voc_palette()
+        for label, rgb in enumerate(s.palette):
+            if len(rgb) != 3 or not all(0 <= c <= 255 for c in rgb):
+                raise ValueError(f"handler.palette[{label}] must be [r, g, b] in 0–255 (got {rgb!r})")
+            colours[label] = list(rgb)
+        if s.response not in ("image", "json"):
+            raise ValueError(f"handler.response must be 'image' or 'json' (got {s.response!r})")
+        if s.response == "json":
+            self.content_type = "application/json"
+        self.palette = torch.tensor(colours, dtype=torch.uint8, device=self.device)
+
     def colourise(self, class_map: classmap.ClassMap) -> torch.Tensor:
         """uint8 [3, H, W] at the original size: nearest-neighbour labels, then palette lookup."""
         labels = class_map.labels.to(self.device, non_blocking=True)
@@ -94,7 +106,10 @@ class JpegHandler(SegserveHandler):
         return jpegs
 
     def encode(self, result: torch.Tensor) -> bytes:
-        return result.numpy().tobytes()
+        jpeg = result.numpy().tobytes()
+        if self.settings.response == "image":
+            return jpeg
+        return json.dumps({"content_type": "image/jpeg", "jpeg_base64": base64.b64encode(jpeg).decode()}).encode()
 
 
 handle = entry_point(JpegHandler)

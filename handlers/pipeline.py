@@ -1,44 +1,60 @@
 """The fused pipeline: the workflow's DAG run inside one worker, results handed over in process.
 
-Reads the same spec as the TorchServe workflow (workflows/seg_jpeg.yaml, shipped in the archive),
-builds each node's handler with that node's own settings (nodes/<name>.yaml in the archive:
-precision, quality, device …) and runs the chain: the first node decodes the request, every node
-hands its result to the next without bytes in between (a class map stays a tensor, on the GPU when
-the model runs there), and the last node encodes the response. Per-request status is kept end to
-end: a bad image gets its 400 here, not a 500. Micro-batches overlap as in every handler: the last
-node's work runs in the encode stage, while the next micro-batch is in the model.
+Reads the same spec as the TorchServe workflow (e.g. workflows/seg_jpeg.yaml, shipped in the
+archive), builds each node's handler with that node's own settings (nodes/<archive>.yaml in the
+archive: precision, quality, device …) and runs the DAG in topological order: the root decodes the
+request, every node hands its result to its children without bytes in between (a class map stays
+a tensor, on the GPU when the model runs there), and the leaves encode the response. Per-request
+status is kept end to end: a bad image gets its 400 here, not a 500. Micro-batches overlap as in
+every handler: the leaves' work runs in the encode stage, while the next micro-batch is in the model.
 
-Chains only: a DAG where a node has several children or parents is refused at load, with the reason.
+DAGs as TorchServe runs them: a chain answers with its leaf's bytes; a fan-out to several leaves
+answers one JSON object keyed by leaf name, each value the leaf's own JSON object (TorchServe's
+WorkflowManager parses every leaf's output as a JSON object, so such leaves must answer JSON; this
+is checked at load). A node with several parents (fan-in) is refused at load: TorchServe would hand
+it one request with a parameter per parent, and no segserve handler joins inputs.
 """
 
+import json
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
+from handlers.areas import AreasHandler
 from handlers.base import SegserveHandler, entry_point
 from handlers.jpeg import JpegHandler
 from handlers.segmentation import SegmentationHandler
 
 # A node's handler, by the archive its spec entry names (url: seg.mar → seg).
-NODE_HANDLERS = {"seg": SegmentationHandler, "jpeg": JpegHandler}
+NODE_HANDLERS = {"seg": SegmentationHandler, "jpeg": JpegHandler, "jpeg_json": JpegHandler, "areas": AreasHandler}
 
 
-def chain_order(dag: dict) -> list[str]:
-    """Node names from root to leaf; ValueError for anything but a single chain."""
+class Dag(NamedTuple):
+    order: list[str]  # topological: every node after its parent
+    children: dict[str, list[str]]
+    root: str
+    leaves: list[str]  # in spec order: the keys of a multi-leaf response
+
+
+def parse_dag(dag: dict) -> Dag:
+    """The spec's `dag:` section checked and ordered; ValueError says what the fused pipeline cannot run."""
     children = {node: list(targets or []) for node, targets in dag.items()}
-    nodes = set(children) | {c for targets in children.values() for c in targets}
+    nodes = list(dict.fromkeys([*children, *(c for targets in children.values() for c in targets)]))
     parents = {node: [p for p, targets in children.items() if node in targets] for node in nodes}
+    joins = {n: parents[n] for n in nodes if len(parents[n]) > 1}
+    if joins:
+        raise ValueError(f"the fused pipeline does not join inputs; node(s) with several parents: {joins}")
     roots = [n for n in nodes if not parents[n]]
-    branching = [n for n in nodes if len(children.get(n, [])) > 1 or len(parents[n]) > 1]
-    if len(roots) != 1 or branching:
-        raise ValueError(f"the fused pipeline runs chains only; this DAG has roots {sorted(roots)} and branching nodes {sorted(branching)}")
+    if len(roots) != 1:
+        raise ValueError(f"the fused pipeline needs exactly one root node that takes the request; this DAG has {roots or 'none (a cycle)'}")
     order = [roots[0]]
-    while children.get(order[-1]):
-        order.append(children[order[-1]][0])
-        if len(order) > len(nodes):
-            raise ValueError("the DAG has a cycle")
-    return order
+    for node in order:  # breadth first; with one parent per node and a root, each is reached once
+        order += children.get(node, [])
+    if len(order) != len(nodes):  # a cycle apart from the root: its nodes each have a parent, none is reached
+        raise ValueError(f"the DAG has a cycle: {sorted(set(nodes) - set(order))} cannot be reached from {roots[0]!r}")
+    return Dag(order, children, roots[0], [n for n in nodes if not children.get(n)])
 
 
 class PipelineHandler(SegserveHandler):
@@ -48,8 +64,9 @@ class PipelineHandler(SegserveHandler):
             raise ValueError(f"handler: unknown setting(s) {sorted(settings)} for the pipeline (only 'spec')")
         spec = yaml.safe_load((Path(model_dir) / spec_name).read_text())
         models = spec["models"]
-        self.nodes: list[SegserveHandler] = []
-        for name in chain_order(spec["dag"]):
+        self.dag = parse_dag(spec["dag"])
+        self.nodes: dict[str, SegserveHandler] = {}
+        for name in self.dag.order:
             stem = Path(models[name]["url"]).stem
             if stem not in NODE_HANDLERS:
                 raise ValueError(f"node {name!r}: no in-process handler for {models[name]['url']!r} (known: {sorted(NODE_HANDLERS)})")
@@ -64,30 +81,52 @@ class PipelineHandler(SegserveHandler):
                 metrics=None,
             )
             node.initialize(context)
-            self.nodes.append(node)
+            self.nodes[name] = node
+        if len(self.dag.leaves) > 1:
+            answers = {leaf: self.nodes[leaf].content_type for leaf in self.dag.leaves}
+            not_json = {leaf: kind for leaf, kind in answers.items() if kind != "application/json"}
+            if not_json:
+                raise ValueError(
+                    f"a DAG with several leaves answers one JSON object made of each leaf's JSON (as TorchServe does); "
+                    f"leaves that do not answer JSON: {not_json}"
+                )
 
     def initialize(self, context) -> None:
         self.gpu_id = context.system_properties.get("gpu_id")
         super().initialize(context)
-        self.content_type = self.nodes[-1].content_type
+        leaves = self.dag.leaves
+        self.content_type = self.nodes[leaves[0]].content_type if len(leaves) == 1 else "application/json"
 
     def decode(self, body: bytes):
-        return self.nodes[0].decode(body)
+        return self.nodes[self.dag.root].decode(body)
 
-    def predict(self, items: list) -> list:
-        """Every node but the last, batched; the last node runs per row in the encode stage."""
-        if len(self.nodes) == 1:
-            return self.nodes[0].predict(items)
-        _, results = self.nodes[0].infer(items)
-        for previous, node in zip(self.nodes, self.nodes[1:-1], strict=False):
-            _, results = node.infer([hand_over(previous, node, r) for r in results])
-        return results
+    def predict(self, items: list) -> list[dict]:
+        """Every inner node batched, in DAG order; per row, what each leaf takes (leaves run in the encode stage)."""
+        inputs = {self.dag.root: items}
+        for name in self.dag.order:
+            node, children = self.nodes[name], self.dag.children.get(name)
+            if not children:
+                continue
+            _, results = node.infer(inputs.pop(name))
+            for child in children:
+                inputs[child] = [hand_over(node, self.nodes[child], r) for r in results]
+        return [{leaf: inputs[leaf][row] for leaf in self.dag.leaves} for row in range(len(items))]
 
-    def encode(self, result) -> bytes:
-        last = self.nodes[-1]
-        if len(self.nodes) == 1:
-            return last.encode(result)
-        return last.encode(last.predict([hand_over(self.nodes[-2], last, result)])[0])
+    def encode(self, leaf_inputs: dict) -> bytes:
+        outputs = {leaf: self.run_leaf(leaf, item) for leaf, item in leaf_inputs.items()}
+        if len(outputs) == 1:
+            return next(iter(outputs.values()))
+        return torchserve_json({leaf: json.loads(output) for leaf, output in outputs.items()})
+
+    def run_leaf(self, name: str, item) -> bytes:
+        node = self.nodes[name]
+        return node.encode(node.predict([item])[0])
+
+
+def torchserve_json(answer: dict) -> bytes:
+    """Bytes as TorchServe's frontend writes a multi-leaf workflow answer (Gson pretty printing without
+    HTML escapes, measured): 2-space indent, UTF-8 unescaped, then a newline."""
+    return (json.dumps(answer, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def hand_over(previous: SegserveHandler, node: SegserveHandler, result):

@@ -1,4 +1,5 @@
-"""Build the archives: weights (trained if missing), seg.mar, jpeg.mar and seg_jpeg.war.
+"""Build the archives: weights (trained if missing), the node models (seg, jpeg, jpeg_json, areas),
+each workflow's .war (seg_jpeg, seg_fanout) and its fused twin (<workflow>_fused.mar).
 
 Runs the real torch-model-archiver / torch-workflow-archiver and prints each
 command, so a user can run the same steps by hand.
@@ -14,7 +15,9 @@ import yaml
 
 from segserve.errors import RuntimeFailure, UsageError
 
-HANDLERS = ("segmentation", "jpeg")
+# Node model archives: name → handler module. Each takes its config from model_config/<name>.yaml.
+NODE_ARCHIVES = {"seg": "segmentation", "jpeg": "jpeg", "jpeg_json": "jpeg", "areas": "areas"}
+WORKFLOWS = ("seg_jpeg", "seg_fanout")  # workflows/<name>.yaml; the fused twin: model_config/<name>_fused.yaml
 
 
 def tool(name: str) -> str:
@@ -42,11 +45,13 @@ def stage_handler_package(root: Path, staging: Path) -> Path:
     return package.parent
 
 
-def stage_fused_extras(extra: Path, spec: Path, seg_config: Path, jpeg_config: Path) -> Path:
-    """What the fused archive carries beside the handlers: the DAG spec and each node's config."""
-    (extra / "nodes").mkdir(exist_ok=True)
-    shutil.copy2(seg_config, extra / "nodes" / "seg.yaml")
-    shutil.copy2(jpeg_config, extra / "nodes" / "jpeg.yaml")
+def stage_fused_extras(extra: Path, spec: Path, node_configs: dict[str, Path]) -> Path:
+    """What a fused archive carries beside the handlers: the DAG spec and the config of each node archive."""
+    (extra / "nodes").mkdir(parents=True, exist_ok=True)
+    for model in yaml.safe_load(spec.read_text())["models"].values():
+        if isinstance(model, dict) and "url" in model:
+            stem = Path(model["url"]).stem
+            shutil.copy2(node_configs[stem], extra / "nodes" / f"{stem}.yaml")
     shutil.copy2(spec, extra / spec.name)
     return extra
 
@@ -88,36 +93,36 @@ def ensure_weights(weights: Path, backbone: str | None, log=print) -> Path:
 
 
 def build(
-    root: Path,
-    model_store: Path,
-    weights: Path | None = None,
-    backbone: str | None = None,
-    num_classes: int | None = None,
-    workflow_spec: Path | None = None,
-    log=print,
+    root: Path, model_store: Path, weights: Path | None = None, backbone: str | None = None, num_classes: int | None = None, log=print
 ) -> list[Path]:
     """Build every archive into model_store; return their paths."""
     root = root.resolve()
     if weights is not None and not weights.exists():
         raise UsageError(f"--weights {weights}: no such file (give a TorchScript file or a state_dict saved with torch.save)")
     weights = ensure_weights(weights or root / "weights" / "seg.pt", backbone, log)
-    workflow_spec = workflow_spec or root / "workflows" / "seg_jpeg.yaml"
     model_store.mkdir(parents=True, exist_ok=True)
+    built = []
     with tempfile.TemporaryDirectory(prefix="segserve-build-") as tmp:
         staging = Path(tmp)
         extra = stage_handler_package(root, staging)
-        seg_config = write_model_config(
-            root / "model_config" / "seg.yaml", staging / "seg.yaml", {"backbone": backbone, "num_classes": num_classes}
-        )
-        jpeg_config = write_model_config(root / "model_config" / "jpeg.yaml", staging / "jpeg.yaml", {})
-        built = [
-            archive_model("seg", root / "handlers" / "segmentation", weights, seg_config, extra, model_store, log),
-            archive_model("jpeg", root / "handlers" / "jpeg", None, jpeg_config, extra, model_store, log),
-            archive_workflow(workflow_spec, model_store, log),
-        ]
-        fused_config = write_model_config(root / "model_config" / "seg_jpeg_fused.yaml", staging / "seg_jpeg_fused.yaml", {})
-        fused_extra = stage_fused_extras(extra, workflow_spec, seg_config, jpeg_config)
-        built.append(archive_model("seg_jpeg_fused", root / "handlers" / "pipeline", weights, fused_config, fused_extra, model_store, log))
+        seg_overrides = {"backbone": backbone, "num_classes": num_classes}
+        node_configs = {
+            name: write_model_config(
+                root / "model_config" / f"{name}.yaml", staging / f"{name}.yaml", seg_overrides if name == "seg" else {}
+            )
+            for name in NODE_ARCHIVES
+        }
+        for name, module in NODE_ARCHIVES.items():
+            serialized = weights if name == "seg" else None
+            built.append(archive_model(name, root / "handlers" / module, serialized, node_configs[name], extra, model_store, log))
+        for workflow in WORKFLOWS:
+            spec = root / "workflows" / f"{workflow}.yaml"
+            built.append(archive_workflow(spec, model_store, log))
+            fused_config = write_model_config(root / "model_config" / f"{workflow}_fused.yaml", staging / f"{workflow}_fused.yaml", {})
+            fused_extra = stage_fused_extras(staging / f"extra_{workflow}", spec, node_configs)
+            shutil.copytree(extra / "handlers", fused_extra / "handlers")
+            pipeline = root / "handlers" / "pipeline"
+            built.append(archive_model(f"{workflow}_fused", pipeline, weights, fused_config, fused_extra, model_store, log))
     for path in built:
         log(f"built {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return built

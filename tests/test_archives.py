@@ -45,12 +45,25 @@ def unpack(archive, target):
     return target
 
 
-@pytest.mark.parametrize("name, body", [("seg", "samples/shapes_0.jpg"), ("jpeg", None), ("seg_jpeg_fused", "samples/shapes_2.jpg")])
+EXPECTED_TYPE = {"seg": "application/octet-stream", "jpeg": "image/jpeg", "seg_jpeg_fused": "image/jpeg"}
+
+
+@pytest.mark.parametrize(
+    "name, body",
+    [
+        ("seg", "samples/shapes_0.jpg"),
+        ("jpeg", None),
+        ("jpeg_json", None),
+        ("areas", None),
+        ("seg_jpeg_fused", "samples/shapes_2.jpg"),
+        ("seg_fanout_fused", "samples/shapes_2.jpg"),
+    ],
+)
 def test_each_mar_runs_with_only_the_archive_on_the_path(model_store, tmp_path, name, body):
     archive_dir = unpack(model_store / f"{name}.mar", tmp_path / name)
     manifest = json.loads((archive_dir / "MAR-INF" / "MANIFEST.json").read_text())
     module_name = manifest["model"]["handler"].split(":")[0]
-    if body is None:  # the jpeg node's input is the seg node's output
+    if body is None:  # the input of the jpeg and areas nodes is the seg node's output
         (tmp_path / "map.bin").write_bytes(classmap.pack(torch.zeros(4, 4, dtype=torch.uint8), 2, 40, 60))
         body_path = tmp_path / "map.bin"
     else:
@@ -60,7 +73,7 @@ def test_each_mar_runs_with_only_the_archive_on_the_path(model_store, tmp_path, 
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["status"] == 200
-    assert result["type"] == ("application/octet-stream" if name == "seg" else "image/jpeg")
+    assert result["type"] == EXPECTED_TYPE.get(name, "application/json")
     assert result["bytes"] > 0
 
 
@@ -79,3 +92,12 @@ def test_war_carries_the_dag(model_store):
         spec = yaml.safe_load(zipped.read(manifest["workflow"]["specFile"]))
     assert spec["dag"] == {"seg": ["jpeg"]}
     assert spec["models"]["seg"]["url"] == "seg.mar" and spec["models"]["jpeg"]["url"] == "jpeg.mar"
+
+
+def test_fused_archive_carries_its_spec_and_the_config_of_each_node(model_store):
+    with zipfile.ZipFile(model_store / "seg_fanout_fused.mar") as zipped:
+        names = set(zipped.namelist())
+        spec = yaml.safe_load(zipped.read("seg_fanout.yaml"))
+        jpeg_node = yaml.safe_load(zipped.read("nodes/jpeg_json.yaml"))
+    assert {"nodes/seg.yaml", "nodes/jpeg_json.yaml", "nodes/areas.yaml", "handlers/areas.py", "seg.pt"} <= names
+    assert spec["dag"] == {"seg": ["areas", "jpeg"]} and jpeg_node["handler"]["response"] == "json"

@@ -187,12 +187,27 @@ def test_handlers_on_cuda_match_the_cpu(tiny_weights, seg, jpeg, tmp_path):
     assert decode_jpeg(torch.frombuffer(bytearray(jpegs[0]), dtype=torch.uint8)).shape == (3, 256, 448)
 
 
-def test_fused_pipeline_runs_chains_and_refuses_other_dags():
-    from handlers.pipeline import chain_order
+def test_fused_pipeline_orders_chains_and_fan_outs_and_refuses_joins_and_cycles():
+    from handlers.pipeline import parse_dag
 
-    assert chain_order({"seg": ["jpeg"]}) == ["seg", "jpeg"]
-    assert chain_order({"a": ["b"], "b": ["c"]}) == ["a", "b", "c"]
-    with pytest.raises(ValueError, match="chains only"):
-        chain_order({"seg": ["jpeg", "jpeg_hq"]})
-    with pytest.raises(ValueError, match="chains only"):
-        chain_order({"a": ["c"], "b": ["c"]})
+    assert parse_dag({"seg": ["jpeg"]}) == (["seg", "jpeg"], {"seg": ["jpeg"]}, "seg", ["jpeg"])
+    assert parse_dag({"a": ["b"], "b": ["c"]}).order == ["a", "b", "c"]
+    fan_out = parse_dag({"seg": ["areas", "jpeg"], "jpeg": ["thumb"]})
+    assert fan_out.order == ["seg", "areas", "jpeg", "thumb"] and fan_out.leaves == ["areas", "thumb"]
+    with pytest.raises(ValueError, match="several parents"):
+        parse_dag({"a": ["c"], "b": ["c"]})
+    with pytest.raises(ValueError, match="exactly one root"):
+        parse_dag({"a": ["b"], "b": ["a"]})
+    with pytest.raises(ValueError, match="cycle"):
+        parse_dag({"r": ["x"], "a": ["b"], "b": ["a"]})
+
+
+def test_areas_counts_pixels_and_scales_boxes_to_the_original_image():
+    from handlers.areas import areas
+
+    labels = torch.zeros(4, 8, dtype=torch.uint8)
+    labels[1:3, 2:6] = 1  # 8 pixels, columns 2–5, rows 1–2
+    result = areas(classmap.ClassMap(labels, 3, 40, 80))
+    assert result["pixels"] == [24, 8, 0]
+    assert result["boxes"] == {"0": [0, 0, 80, 40], "1": [20, 10, 60, 30]}  # ×10 to 40×80; class 2 is absent
+    assert result["map_size"] == [4, 8] and result["original_size"] == [40, 80]

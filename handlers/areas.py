@@ -1,0 +1,62 @@
+"""Class areas: class map in, a JSON object out — pixels per class and each class's bounding box.
+
+A second leaf beside the JPEG node in a fan-out DAG (workflows/seg_fanout.yaml). TorchServe
+answers a DAG with several leaves with one JSON object keyed by leaf, which it builds by parsing
+each leaf's output as a JSON object: so this node, like every leaf of such a DAG, answers JSON.
+Counts are integers (no float formatting to differ between the workflow and the fused pipeline).
+"""
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from handlers import classmap
+from handlers.base import SegserveHandler, entry_point
+from handlers.jpeg import ClassMapInput
+from handlers.settings import parse_settings
+
+
+@dataclass
+class AreasSettings:
+    max_image_pixels: int = 25_000_000
+
+
+class AreasHandler(ClassMapInput, SegserveHandler):
+    content_type = "application/json"
+
+    def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
+        self.settings = parse_settings(AreasSettings, settings)
+
+    @torch.inference_mode()
+    def predict(self, items: list[classmap.ClassMap]) -> list[dict]:
+        return [areas(item) for item in items]
+
+    def encode(self, result: dict) -> bytes:
+        return json.dumps(result).encode()
+
+
+def areas(class_map: classmap.ClassMap) -> dict:
+    """Pixels per class at the map's resolution; boxes [x0, y0, x1, y1) scaled to the original image."""
+    labels = class_map.labels
+    height, width = labels.shape
+    counts = torch.bincount(labels.flatten().long(), minlength=class_map.num_classes).tolist()
+    boxes = {}
+    for label in range(len(counts)):
+        if counts[label] == 0:
+            continue
+        rows = (labels == label).any(dim=1).nonzero().flatten()
+        cols = (labels == label).any(dim=0).nonzero().flatten()
+        x0, x1 = int(cols[0]), int(cols[-1]) + 1
+        y0, y1 = int(rows[0]), int(rows[-1]) + 1
+        scale_x, scale_y = class_map.original_width, class_map.original_height
+        boxes[str(label)] = [x0 * scale_x // width, y0 * scale_y // height, -(-x1 * scale_x // width), -(-y1 * scale_y // height)]
+    return {
+        "map_size": [height, width],
+        "original_size": [class_map.original_height, class_map.original_width],
+        "pixels": counts,
+        "boxes": boxes,
+    }
+
+
+handle = entry_point(AreasHandler)
