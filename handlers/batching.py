@@ -19,6 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 
+def view_bytes(body: bytes | bytearray, dtype: torch.dtype = torch.uint8, offset: int = 0) -> torch.Tensor:
+    """A tensor over a request body without copying it. TorchServe hands bodies over as bytearrays
+    (writable, so torch can view them); immutable bytes, from tests or other callers, are copied once."""
+    buffer = body if isinstance(body, bytearray) else bytearray(body)
+    return torch.frombuffer(buffer, dtype=dtype, offset=offset)
+
+
 class StagingPool:
     """Reusable tensors keyed by (name, shape, dtype): the same storage for every batch of that shape."""
 

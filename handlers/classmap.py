@@ -14,6 +14,8 @@ from typing import NamedTuple
 
 import torch
 
+from handlers.batching import view_bytes
+
 MAGIC = b"SGCM"
 VERSION = 1
 HEADER = struct.Struct("<4sBBHHII")
@@ -44,5 +46,5 @@ def unpack(body: bytes) -> ClassMap:
     expected = HEADER.size + height * width
     if len(body) != expected or min(height, width, orig_h, orig_w) == 0:
         raise ValueError(f"class map {height}x{width} (original {orig_h}x{orig_w}) needs {expected} bytes, got {len(body)}")
-    labels = torch.frombuffer(bytearray(body[HEADER.size :]), dtype=torch.uint8).view(height, width)
+    labels = view_bytes(body, offset=HEADER.size).view(height, width)
     return ClassMap(labels, classes, orig_h, orig_w)

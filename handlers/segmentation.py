@@ -18,7 +18,7 @@ from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
 from handlers import classmap
 from handlers.base import BadRequest, SegserveHandler, entry_point
-from handlers.batching import StagingPool, Streams
+from handlers.batching import StagingPool, Streams, view_bytes
 from handlers.segnet import DEFAULT_BACKBONE, MEAN_RGB, STD_RGB, SegNet
 from handlers.settings import parse_settings
 
@@ -132,12 +132,12 @@ class SegmentationHandler(SegserveHandler):
                     f"expected a JPEG or PNG image, or a raw {s.raw_dtype} tensor of shape "
                     f"[3, {s.input_height}, {s.input_width}] ({self.raw_nbytes} bytes); got {len(body)} bytes that are neither"
                 )
-            raw = torch.frombuffer(bytearray(body), dtype=self.raw_dtype).view(3, s.input_height, s.input_width)
+            raw = view_bytes(body, self.raw_dtype).view(3, s.input_height, s.input_width)
             return Decoded(raw, True, s.input_height, s.input_width)
         kind, height, width = header
         if height * width > s.max_image_pixels or height == 0 or width == 0:
             raise BadRequest(f"{kind} of {width}x{height} pixels is refused: the limit is {s.max_image_pixels} pixels")
-        data = torch.frombuffer(bytearray(body), dtype=torch.uint8)
+        data = view_bytes(body)
         try:
             if kind == "jpeg" and self.device.type == "cuda":
                 image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)  # nvJPEG

@@ -1,5 +1,6 @@
 """The batching machinery on the CPU: reused buffers, micro-batches, overlap, clean shutdown."""
 
+import ctypes
 import subprocess
 import sys
 import threading
@@ -131,3 +132,14 @@ def test_streams_order_copies_and_compute_with_events():
             result = (batch * 2).sum(1).to(torch.float32)
         out = streams.to_host(result, pool.get("out", (64,), torch.float32))
         assert torch.all(out == value * 2 * 1024)
+
+
+def test_raw_bodies_are_read_in_place_not_copied(tiny_weights):
+    """TorchServe hands a body over as a bytearray: decode views it, and fill copies it once, into the staging row."""
+    handler = segmenter(tiny_weights)
+    body = bytearray(torch.randn(3, 256, 448).half().numpy().tobytes())
+    decoded = handler.decode(body)
+    body_address = ctypes.addressof((ctypes.c_char * len(body)).from_buffer(body))
+    assert decoded.is_raw and decoded.pixels.data_ptr() == body_address
+    body[:2] = b"\x00\x3c"  # 1.0 in float16, written through the body: the view sees it
+    assert float(decoded.pixels[0, 0, 0]) == 1.0

@@ -45,6 +45,9 @@ def test_every_output_file_is_written(result_dir):
     assert [p.stem.split("-")[0] for p in runs] == ["jpeg", "seg_jpeg"]
     for name in ("summary.csv", "summary.jsonl", "report.md", "bare.json", "suite.yaml", "best/config.properties", "best/seg_jpeg.yaml"):
         assert (folder / name).is_file(), name
+    bare = json.loads((folder / "bare.json").read_text())  # the workflow's seg node ran at batch 4
+    assert [(b["batch_size"], b["input_size"]) for b in bare] == [(4, [256, 448])]
+    assert 0 < bare[0]["throughput_min_ips"] <= bare[0]["throughput_ips"] <= bare[0]["throughput_max_ips"]
     plots = list((folder / "plots").glob("*.png"))
     assert plots and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
 

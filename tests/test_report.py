@@ -5,7 +5,16 @@ import json
 
 import pytest
 
-from segserve.bench.report import _pareto_front, compare, efficiency, read_summary, render_table, write_report, write_summary
+from segserve.bench.report import (
+    _pareto_front,
+    compare,
+    efficiency,
+    read_summary,
+    render_table,
+    served_vs_bare,
+    write_report,
+    write_summary,
+)
 from segserve.bench.schema import BASE_COLUMNS, EXTRA_COLUMNS
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -223,3 +232,23 @@ def test_summary_jsonl_is_one_json_object_per_line(tmp_path, records):
     write_summary(tmp_path, records, [])
     lines = (tmp_path / "summary.jsonl").read_text().splitlines()
     assert [json.loads(line)["run_id"] for line in lines] == [r["run_id"] for r in records]
+
+
+def test_served_vs_bare_gives_the_best_batch_per_thread_count_against_the_matching_bare_entry():
+    seg = [
+        record("t2-b8", "seg", 70.0, 100.0, batch_size=8, omp_num_threads=2),
+        record("t2-b1", "seg", 40.0, 100.0, batch_size=1, omp_num_threads=2),
+        record("t1-b1", "seg", 22.0, 100.0, batch_size=1, omp_num_threads=1),
+        record("t1-b8", "seg", 30.0, 100.0, batch_size=8, omp_num_threads=1),
+        record("small-input", "seg", 90.0, 100.0, batch_size=8, omp_num_threads=2, input_size=[128, 224]),
+    ]
+    bare = [
+        {"batch_size": 8, "threads": 2, "input_size": [256, 448], "throughput_ips": 80.0, "throughput_min_ips": 75.0},
+        {"batch_size": 8, "threads": 1, "input_size": [256, 448], "throughput_ips": 40.0},
+        {"batch_size": 8, "threads": 2, "input_size": [128, 224], "throughput_ips": 300.0},
+    ]
+    rows = served_vs_bare(seg, {}, "throughput_rps", bare)
+    assert [r["run_id"] for r in rows] == ["small-input", "t2-b8", "t1-b8"]  # the overall winner first
+    assert rows[0]["bare_rps"] == 300.0 and rows[0]["ratio_bare"] == pytest.approx(0.3)  # matched by input size too
+    assert (rows[1]["bare_rps"], rows[1]["bare_min_rps"], rows[1]["ratio_bare"]) == (80.0, 75.0, pytest.approx(0.875))
+    assert (rows[2]["threads"], rows[2]["ratio_bare"]) == (1, pytest.approx(0.75))

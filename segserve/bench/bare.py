@@ -1,7 +1,9 @@
 """The compute limit: the bare network's in-process forward throughput at a batch size and thread count.
 
-Run as `python -m segserve.bench.bare --weights W --batch-size B --threads T`, in its
-own process so the thread count is set before torch starts; prints one JSON line.
+Run as `python -m segserve.bench.bare --weights W --threads T --shape B:H:W [--shape …]`, in its
+own process so the thread count is set before torch starts; prints one JSON line per shape.
+The shapes are measured round-robin, `--rounds` slices each: a slow spell on a shared machine
+then lands on every shape instead of on one, and the median per shape ignores it.
 """
 
 import argparse
@@ -14,43 +16,63 @@ import torch
 from handlers.segnet import SegNet
 
 
-def forward_throughput_ips(
-    weights: str, backbone: str, batch_size: int, seconds: float, height: int = 256, width: int = 448, repeats: int = 3
-) -> float:
-    """Median over `repeats` timed runs of images per second through forward() (fp32, channels_last)."""
+def load_network(weights: str, backbone: str) -> torch.nn.Module:
     network = SegNet(2, backbone)
     network.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    network = network.eval().to(memory_format=torch.channels_last)
-    batch = torch.randn(batch_size, 3, height, width).contiguous(memory_format=torch.channels_last)
-    rates = []
+    return network.eval().to(memory_format=torch.channels_last)
+
+
+def rate_ips(network: torch.nn.Module, batch: torch.Tensor, seconds: float) -> float:
+    """Images per second through forward() for about `seconds` (fp32, channels_last)."""
+    images, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        network(batch)
+        images += batch.shape[0]
+    return images / (time.perf_counter() - started)
+
+
+def forward_throughputs(network: torch.nn.Module, shapes: list[tuple[int, int, int]], seconds: float, rounds: int) -> list[dict]:
+    """Per (batch, height, width): median, min and max over `rounds` interleaved slices of `seconds` in all."""
+    batches = {shape: torch.randn(shape[0], 3, shape[1], shape[2]).contiguous(memory_format=torch.channels_last) for shape in shapes}
+    rates: dict[tuple, list[float]] = {shape: [] for shape in shapes}
     with torch.inference_mode():
-        network(batch)  # warm-up: first call allocates and picks kernels
-        for _ in range(repeats):
-            images, started = 0, time.perf_counter()
-            while time.perf_counter() - started < seconds / repeats:
-                network(batch)
-                images += batch_size
-            rates.append(images / (time.perf_counter() - started))
-    return statistics.median(rates)
+        for batch in batches.values():
+            network(batch)  # warm-up: the first call per shape allocates and picks kernels
+        for _ in range(rounds):
+            for shape, batch in batches.items():
+                rates[shape].append(rate_ips(network, batch, seconds / rounds))
+    return [
+        {
+            "batch_size": shape[0],
+            "threads": torch.get_num_threads(),
+            "input_size": [shape[1], shape[2]],
+            "throughput_ips": statistics.median(values),
+            "throughput_min_ips": min(values),
+            "throughput_max_ips": max(values),
+            "rounds": rounds,
+        }
+        for shape, values in rates.items()
+    ]
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    batch, height, width = (int(part) for part in text.split(":"))
+    return batch, height, width
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--weights", required=True)
     parser.add_argument("--backbone", default="mobilenet_v3_small")
-    parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--height", type=int, default=256)
-    parser.add_argument("--width", type=int, default=448)
+    parser.add_argument("--shape", type=parse_shape, action="append", required=True, help="BATCH:HEIGHT:WIDTH, repeatable")
+    parser.add_argument("--seconds", type=float, default=6.0, help="per shape, over all rounds")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rate = forward_throughput_ips(args.weights, args.backbone, args.batch_size, args.seconds, args.height, args.width)
-    print(
-        json.dumps(
-            {"batch_size": args.batch_size, "threads": args.threads, "input_size": [args.height, args.width], "throughput_ips": rate}
-        )
-    )
+    network = load_network(args.weights, args.backbone)
+    for entry in forward_throughputs(network, list(dict.fromkeys(args.shape)), args.seconds, args.rounds):
+        print(json.dumps(entry))
 
 
 if __name__ == "__main__":

@@ -52,29 +52,43 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return numerator / denominator
 
 
-def _pick_bare(bare: list[dict], batch_size, threads) -> dict | None:
-    """The bare forward measurement matching the pipeline's batch size (and threads when known, else the fastest)."""
-    same_batch = [b for b in bare if b.get("batch_size") == batch_size]
+def _pick_bare(bare: list[dict], batch_size, threads, input_size=None) -> dict | None:
+    """The bare forward measurement matching the batch size and input size (and threads when known, else the fastest)."""
+    input_size = list(input_size or (256, 448))
+    same_batch = [b for b in bare if b.get("batch_size") == batch_size and list(b.get("input_size") or (256, 448)) == input_size]
     exact = [b for b in same_batch if threads is not None and b.get("threads") == threads]
     candidates = exact or same_batch
     return max(candidates, key=lambda b: b.get("throughput_ips") or 0) if candidates else None
 
 
-def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> dict | None:
-    """The served seg model's best throughput against the bare forward at the same batch size and threads."""
-    winner = best([r for r in records if r.get("target") == "seg"], constraints, objective)
+def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
+    """Per thread count (and input size), the served seg model at its best batch size against the bare
+    forward at the same batch size, threads and input size. The first row is the overall winner."""
+    seg = [r for r in records if r.get("target") == "seg"]
+    winner = best(seg, constraints, objective)
     if winner is None:
-        return None
-    entry = _pick_bare(bare, winner.get("batch_size"), winner.get("omp_num_threads")) or {}
-    return {
-        "target": "seg",
-        "run_id": winner["run_id"],
-        "served_rps": winner.get("throughput_rps"),
-        "bare_rps": entry.get("throughput_ips"),
-        "ratio_bare": _ratio(winner.get("throughput_rps"), entry.get("throughput_ips")),
-        "bare_batch_size": entry.get("batch_size"),
-        "bare_threads": entry.get("threads"),
-    }
+        return []
+    groups: dict[tuple, list[dict]] = {}
+    for r in seg:
+        groups.setdefault((r.get("omp_num_threads"), str(r.get("input_size"))), []).append(r)
+    group_winners = [best(group, constraints, objective) for group in groups.values()]
+    rows = []
+    for point in [winner] + [w for w in group_winners if w is not None and w is not winner]:
+        entry = _pick_bare(bare, point.get("batch_size"), point.get("omp_num_threads"), point.get("input_size")) or {}
+        rows.append(
+            {
+                "target": "seg",
+                "run_id": point["run_id"],
+                "batch_size": point.get("batch_size"),
+                "threads": entry.get("threads", point.get("omp_num_threads")),
+                "served_rps": point.get("throughput_rps"),
+                "bare_rps": entry.get("throughput_ips"),
+                "bare_min_rps": entry.get("throughput_min_ips"),
+                "bare_max_rps": entry.get("throughput_max_ips"),
+                "ratio_bare": _ratio(point.get("throughput_rps"), entry.get("throughput_ips")),
+            }
+        )
+    return rows
 
 
 def efficiency(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
@@ -94,7 +108,7 @@ def efficiency(records: list[dict], constraints: dict, objective: str, bare: lis
             continue
         pipeline_rps = winner.get("throughput_rps")
         batch_size = winner["seg_batch_size"] if winner.get("seg_batch_size") is not None else winner.get("batch_size")
-        entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads")) or {}
+        entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads"), winner.get("input_size")) or {}
         bare_rps = entry.get("throughput_ips")
         rows.append(
             {
@@ -299,10 +313,11 @@ def write_report(
             "",
             "## Served model vs bare model",
             "",
-            render_table([served], list(served)),
+            render_table(served, list(served[0])),
             "",
-            "The best `seg` point against the network's in-process forward throughput at the same batch size and thread count "
-            "(`bare.json`): what TorchServe, decoding and batching cost on top of the compute.",
+            "The best `seg` point (first row), then the best batch size for each other thread count, against the network's "
+            "in-process forward throughput at the same batch size, thread count and input size (`bare.json`: median of "
+            "interleaved slices, with their range): what TorchServe, decoding and batching cost on top of the compute.",
         ]
     rows = efficiency(records, constraints, objective, bare)
     if rows:

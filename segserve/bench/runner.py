@@ -310,20 +310,24 @@ class Bench:
         return [done[p.run_id] for p in self.points if p.run_id in done]
 
     def bare_throughputs(self, records: list[dict]) -> list[dict]:
-        """The bare forward throughput for every (batch size, threads) that seg ran with."""
-        combos = {
-            (r["batch_size"], r.get("omp_num_threads"), tuple(r.get("input_size") or (256, 448))) for r in records if r["target"] != "jpeg"
-        }
+        """The bare forward throughput for every (batch size, threads, input size) that seg ran with.
+
+        One process per thread count measures its shapes round-robin (segserve/bench/bare.py)."""
+        shapes_by_threads: dict[int, set] = {}
+        for r in records:
+            if r["target"] != "jpeg":
+                threads = r.get("omp_num_threads") or len(os.sched_getaffinity(0))
+                height, width = r.get("input_size") or (256, 448)
+                shapes_by_threads.setdefault(threads, set()).add(f"{r['batch_size']}:{height}:{width}")
         results = []
-        for batch_size, threads, (height, width) in sorted(combos, key=str):
-            threads = threads or len(os.sched_getaffinity(0))
-            command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(self.weights)]
-            command += ["--batch-size", str(batch_size), "--threads", str(threads), "--height", str(height), "--width", str(width)]
+        for threads, shapes in sorted(shapes_by_threads.items()):
+            command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(self.weights), "--threads", str(threads)]
+            command += [arg for shape in sorted(shapes) for arg in ("--shape", shape)]
             done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
             if done.returncode == 0:
-                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                results += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
             else:
-                self.log(f"bare forward at batch {batch_size}, {threads} threads failed: {done.stderr.strip()[-300:]}")
+                self.log(f"bare forward with {threads} threads failed: {done.stderr.strip()[-300:]}")
         return results
 
 

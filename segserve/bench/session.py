@@ -105,7 +105,7 @@ def terminal_summary(records: list[dict], swept: list[str], constraints: dict, o
     text = "\n" + report.render_table(records, columns)
     served = report.served_vs_bare(records, constraints, objective, bare)
     if served:
-        text += "\n\nServed seg vs bare forward:\n" + report.render_table([served], list(served))
+        text += "\n\nServed seg vs bare forward (best batch size per thread count):\n" + report.render_table(served, list(served[0]))
     rows = report.efficiency(records, constraints, objective, bare)
     if rows:
         text += "\n\nPipeline efficiency (best point of each target):\n"
