@@ -92,3 +92,20 @@ def test_resume_skips_finished_points_and_compare_finds_no_regression(result_dir
     assert "resuming: 2 of 2 points already measured" in capsys.readouterr().out
     assert {p.name: p.stat().st_mtime for p in (folder / "runs").glob("*.json")} == before
     assert main(["bench", "compare", str(folder), str(folder)]) == 0
+
+
+def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, trained_weights):
+    import zipfile
+
+    from segserve.bench.runner import Bench
+    from segserve.bench.suite import load_suite
+
+    suite_path = tmp_path / "fused.yaml"
+    suite_path.write_text("targets: [seg_jpeg_fused]\ninputs:\n  - raw: {count: 1}\ngrid:\n  archive: {jpeg_quality: [70]}\n")
+    bench = Bench(load_suite(suite_path), ROOT, tmp_path / "out", trained_weights, log=lambda _: None)
+    name = bench.archive_for("seg_jpeg_fused", {"jpeg_quality": 70, "overlap": True})
+    with zipfile.ZipFile(bench.store / name) as archive:
+        assert yaml.safe_load(archive.read("nodes/jpeg.yaml"))["handler"]["quality"] == 70
+        assert yaml.safe_load(archive.read("nodes/jpeg.yaml"))["handler"]["overlap"] is False  # the fused worker overlaps, not its nodes
+        assert yaml.safe_load(archive.read("seg_jpeg.yaml"))["dag"] == {"seg": ["jpeg"]}
+        assert "nodes/seg.yaml" in archive.namelist()

@@ -19,6 +19,7 @@ import yaml
 from segserve.bench import plan as planning
 from segserve.bench.inputs import class_maps, request_bodies
 from segserve.bench.load import LoadSpec, run_load
+from segserve.bench.report import ratio
 from segserve.bench.server_metrics import ProcessSampler, handler_stages, per_request_ms, scrape
 from segserve.bench.stats import latency_summary, spread, stable_tail
 from segserve.bench.suite import Suite
@@ -85,7 +86,7 @@ class Bench:
                 )
                 for node in ("seg", "jpeg")
             }
-            stage_fused_extras(extra, self.root / "workflows" / "seg_jpeg.yaml", nodes["seg"], nodes["jpeg"])
+            stage_fused_extras(extra, self.root / "workflows" / "seg_jpeg.yaml", nodes)
         config = write_model_config(configs / f"{stage}.yaml", staging / f"{name}.yaml", settings)
         handler = self.root / "handlers" / {"seg": "segmentation", "jpeg": "jpeg", "seg_jpeg_fused": "pipeline"}[stage]
         weights = None if stage == "jpeg" else self.weights
@@ -301,6 +302,9 @@ class Bench:
                     error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
                     self.stop_server()  # start clean for the next point
                 record = {**self.record_for(point, reconfigure_s, metrics, error), "environment": environment_info}
+                if point.target == "seg" and not error:
+                    record["bare_forward_ips"] = self.bare_beside(record)
+                    record["ratio_bare"] = ratio(record["throughput_rps"], record["bare_forward_ips"])
                 (runs_dir / f"{point.run_id}.json").write_text(json.dumps(record, indent=2) + "\n")
                 done[point.run_id] = record
                 progress.step(point, record, time.monotonic() - started)
@@ -316,19 +320,32 @@ class Bench:
         shapes_by_threads: dict[int, set] = {}
         for r in records:
             if r["target"] != "jpeg":
-                threads = r.get("omp_num_threads") or len(os.sched_getaffinity(0))
-                height, width = r.get("input_size") or (256, 448)
-                shapes_by_threads.setdefault(threads, set()).add(f"{r['batch_size']}:{height}:{width}")
-        results = []
-        for threads, shapes in sorted(shapes_by_threads.items()):
-            command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(self.weights), "--threads", str(threads)]
-            command += [arg for shape in sorted(shapes) for arg in ("--shape", shape)]
-            done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-            if done.returncode == 0:
-                results += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-            else:
-                self.log(f"bare forward with {threads} threads failed: {done.stderr.strip()[-300:]}")
-        return results
+                threads, shape = bare_shape(r)
+                shapes_by_threads.setdefault(threads, set()).add(shape)
+        return [entry for threads, shapes in sorted(shapes_by_threads.items()) for entry in self.run_bare(threads, sorted(shapes))]
+
+    def bare_beside(self, record: dict) -> float | None:
+        """The bare forward at a seg point's shape and threads, right after the point: the same spell of the
+        shared machine as the served number, so their ratio is not skewed by drift between them."""
+        threads, shape = bare_shape(record)
+        entries = self.run_bare(threads, [shape], seconds=4.0, rounds=2)
+        return entries[0]["throughput_ips"] if entries else None
+
+    def run_bare(self, threads: int, shapes: list[str], seconds: float = 6.0, rounds: int = 3) -> list[dict]:
+        command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(self.weights), "--threads", str(threads)]
+        command += [arg for shape in shapes for arg in ("--shape", shape)] + ["--seconds", str(seconds), "--rounds", str(rounds)]
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        if done.returncode != 0:
+            self.log(f"bare forward with {threads} threads failed: {done.stderr.strip()[-300:]}")
+            return []
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def bare_shape(record: dict) -> tuple[int, str]:
+    """(threads, "batch:height:width") of a record's seg stage, as segserve.bench.bare takes it."""
+    threads = record.get("omp_num_threads") or len(os.sched_getaffinity(0))
+    height, width = record.get("input_size") or (256, 448)
+    return threads, f"{record['batch_size']}:{height}:{width}"
 
 
 class Progress:

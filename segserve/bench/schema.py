@@ -37,6 +37,8 @@ METRICS = {
         Metric("bytes_out_per_request", "bytes", False, "what the first node sends on per request (to the next node in a workflow)"),
         Metric("bytes_device_to_host_per_request", "bytes", False, "device→host bytes per request (GPU only; the class map or JPEG)"),
         Metric("warmup_s", "s", False, "warm-up time before measurement"),
+        Metric("bare_forward_ips", "img/s", True, "seg points: bare forward at the same batch, threads and input, measured right after"),
+        Metric("ratio_bare", "×", True, "seg points: throughput_rps / bare_forward_ips"),
     ]
 }
 
@@ -73,6 +75,8 @@ EXTRA_COLUMNS = [
     "server_rss_mb",
     "reconfigure_s",
     "warmup_s",
+    "bare_forward_ips",
+    "ratio_bare",
     "error",
 ]
 
