@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from handlers.batching import StageRunner
-from handlers.pinning import claim_cores
+from handlers.pinning import SharedCores, claim_cores
 from handlers.settings import parse_settings
 
 logger = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class SegserveHandler:
     def __init__(self):
         self.initialized = False
         self.device = torch.device("cpu")
+        self.shared_cores = None
 
     def initialize(self, context) -> None:
         settings = dict((context.model_yaml_config or {}).get("handler") or {})
@@ -84,11 +85,15 @@ class SegserveHandler:
         if common.device not in ("auto", "cpu"):
             raise ValueError(f"handler.device must be 'auto' or 'cpu' (got {common.device!r})")
         self.device = pick_device(context) if common.device == "auto" else torch.device("cpu")
-        # A core plan pins the worker and sizes its threads to its slot; an explicit `threads` still wins.
-        self.cores = claim_cores(getattr(context, "model_name", "") or "")
+        # Threads: an explicit `threads` or SEGSERVE_THREADS, else a core plan's slot, else OMP_NUM_THREADS
+        # (torch reads it), else the worker's cores shared evenly among its model's live workers.
+        model_name = getattr(context, "model_name", "") or ""  # "" for the fused pipeline's inner nodes
+        self.cores = claim_cores(model_name)
         threads = common.threads or int(os.environ.get("SEGSERVE_THREADS", 0) or 0)
         if threads > 0 and self.device.type == "cpu":
             torch.set_num_threads(threads)
+        elif self.cores is None and model_name and self.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+            self.shared_cores = SharedCores(model_name)
         self.load(context.system_properties["model_dir"], settings, context.manifest)
         self.stages = StageRunner(
             self.decode,
@@ -106,6 +111,8 @@ class SegserveHandler:
         )
 
     def handle(self, data: list, context) -> list:
+        if self.shared_cores is not None:
+            self.shared_cores.refresh()  # workers of this model may have come or gone
         output: list = [None] * len(data)
         bodies: list = []
         for idx, row in enumerate(data):

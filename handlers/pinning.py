@@ -6,12 +6,18 @@ the worker: the kernel releases it when the worker exits — also when it is kil
 worker finds the slot free again, and scaling a model claims and frees slots without touching the
 workers of any other model. When every slot of the model is taken, the worker shares its model's
 first slot: slots of different models never overlap.
+
+Without a slot (no plan, or the model not in it) and without a thread count given, SharedCores splits the
+worker's cores evenly among its model's live workers, counted by the flocks they hold on per-worker lock files.
 """
 
 import fcntl
 import json
 import logging
+import math
 import os
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -61,3 +67,90 @@ def _pin(cpus: list[int]) -> list[int]:
     pin_all_threads(os.getpid(), cpus)
     torch.set_num_threads(len(cpus))
     return cpus
+
+
+# Without a core plan --------------------------------------------------------------------------------
+# <tmp>/segserve-workers/<process group>/<model>/<pid>.lock: `segserve serve` gives each server its own TMPDIR, and
+# a server's workers share its process group; handlers run in other processes (tests, bench inputs) do not count.
+WORKERS_DIR = "segserve-workers"
+RECOUNT_S = 1.0
+_registered: dict[Path, object] = {}  # lock file → its open file, held for the life of the process
+
+
+def register_worker(directory: Path):
+    """Hold an exclusive flock on `<directory>/<pid>.lock` for the life of this worker: the lock is what
+    makes it count as live (the kernel drops it on exit or kill). Returns the open file; a process that
+    registers twice (several handlers in one process, as in tests) gets its first one back."""
+    path = directory / f"{os.getpid()}.lock"
+    if path in _registered:
+        return _registered[path]
+    directory.mkdir(parents=True, exist_ok=True)
+    while True:
+        handle = open(path, "a+")  # noqa: SIM115 — held open on purpose
+        fcntl.flock(handle, fcntl.LOCK_EX)  # blocks only while a peer holds a stale file of this pid to remove it
+        if _still_linked(path, handle):
+            _registered[path] = handle
+            return handle
+        handle.close()  # a peer removed the file between open and flock: lock a fresh one
+
+
+def count_live_workers(directory: Path) -> int:
+    """Lock files someone holds (this worker's own included); stale ones, left by workers that are gone, are removed."""
+    live = 0
+    for path in directory.glob("*.lock"):
+        try:
+            handle = open(path)  # noqa: SIM115
+        except FileNotFoundError:
+            continue
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                live += 1  # may briefly count a stale file a peer is removing: the next count corrects it
+                continue
+            if _still_linked(path, handle):
+                path.unlink()
+    return live
+
+
+def _still_linked(path: Path, handle) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
+class SharedCores:
+    """Threads of a worker that has no core slot: its model's cores (this process's affinity) split evenly
+    among the model's live workers, so threads × workers never exceed the cores. TorchServe starts one
+    worker per core by default, each with every core as threads; workers come and go with scaling, so the
+    count is redone at the start of a batch, at most once per RECOUNT_S."""
+
+    def __init__(self, model_name: str, directory: Path | None = None):
+        self.model_name = model_name
+        self.cores = len(os.sched_getaffinity(0))
+        self.directory = directory or Path(tempfile.gettempdir()) / WORKERS_DIR / str(os.getpgid(0)) / model_name
+        self.lock = register_worker(self.directory)
+        self.threads = 0
+        self.counted_at = -math.inf
+        self.refresh()
+        self.counted_at = -math.inf  # recount at the first batch: peers may have started since
+
+    def refresh(self) -> int:
+        """Recount (unless counted within RECOUNT_S) and resize torch's thread pool when the share changed."""
+        now = time.monotonic()
+        if now - self.counted_at < RECOUNT_S:
+            return self.threads
+        self.counted_at = now
+        workers = count_live_workers(self.directory)
+        threads = max(1, self.cores // max(workers, 1))
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
+            # The lock file says how many threads this worker runs: exact, for `ls` and tests.
+            self.lock.seek(0)
+            self.lock.truncate()
+            self.lock.write(f"{threads}\n")
+            self.lock.flush()
+            logger.info("%s: %d live worker(s) share %d core(s): %d thread(s) each", self.model_name, workers, self.cores, threads)
+        return threads

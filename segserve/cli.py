@@ -106,6 +106,18 @@ def cmd_scale(args) -> int:
 
 
 def cmd_pin(args) -> int:
+    if args.plan_from:
+        from segserve.pinning import parse_cores, plan_from_results
+
+        text = plan_from_results(Path(args.plan_from), parse_cores(args.cores), args.frontend_cores)
+        if args.out:
+            Path(args.out).write_text(text)
+            print(f"wrote {args.out}; serve with `segserve serve --core-plan {args.out}`", file=sys.stderr)
+        else:
+            print(text, end="")
+        return 0
+    if args.cores or args.out or args.frontend_cores != 1:
+        raise UsageError("--cores, --frontend-cores and --out go with --plan-from, not --show")
     from segserve.pinning import live_affinity
 
     rows = live_affinity(_server(args))
@@ -187,8 +199,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, required=True)
     p.set_defaults(run=cmd_scale)
 
-    p = sub.add_parser("pin", parents=[common], help="show the live CPU affinity of the frontend and every worker")
-    p.add_argument("--show", action="store_true", required=True)
+    p = sub.add_parser("pin", parents=[common], help="show live CPU affinity (--show), or write a core plan from bench results")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--show", action="store_true", help="the frontend and every worker with its pid and allowed cores")
+    what.add_argument(
+        "--plan-from", metavar="RESULTS", help="a bench result folder (or its summary.jsonl): cores in proportion to seg and jpeg cost"
+    )
+    p.add_argument("--cores", help="cores to plan: N (the first N available) or a list like 0-3,6 (default: every available core)")
+    p.add_argument("--frontend-cores", type=int, default=1, help="cores for TorchServe's frontend, taken first (default: 1)")
+    p.add_argument("--out", help="write the plan here (default: print it)")
     p.set_defaults(run=cmd_pin)
 
     p = sub.add_parser("bench", help="run a benchmark suite, or `bench compare OLD NEW`")

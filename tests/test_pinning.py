@@ -1,14 +1,21 @@
-"""Core plans: validation, and a real TorchServe whose workers pin themselves to their model's slots."""
+"""Core plans: validation, and a real TorchServe whose workers pin themselves to their model's slots;
+without a plan, workers of a model share its cores."""
 
 import fcntl
+import multiprocessing
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+import torch
 
+from handlers.pinning import WORKERS_DIR, SharedCores, count_live_workers, register_worker
 from segserve.cli import start_pipeline
 from segserve.errors import UsageError
+from segserve.http import request
 from segserve.pinning import live_affinity, load_plan
 from segserve.server import TorchServe
 from tests.conftest import ROOT
@@ -96,3 +103,106 @@ def test_a_killed_workers_slot_is_claimed_by_its_replacement(pinned):
     new = affinity(pinned, "seg_jpeg__seg")
     assert old_pid not in new and list(new.values()) == ["1"]
     assert slot_holder(pinned) in new
+
+
+# Without a core plan: threads × live workers ≤ cores ------------------------------------------------------
+def hold_worker_lock(directory: str, ready) -> None:
+    register_worker(Path(directory))
+    ready.set()
+    time.sleep(120)  # until the test ends it
+
+
+def test_live_workers_are_the_lock_files_held_and_a_killed_holders_file_is_removed(tmp_path):
+    fork = multiprocessing.get_context("fork")  # children only flock a file: no need to re-import torch
+    holders = []
+    threads_before = torch.get_num_threads()
+    try:
+        for _ in range(3):
+            ready = fork.Event()
+            holders.append(fork.Process(target=hold_worker_lock, args=(str(tmp_path), ready), daemon=True))
+            holders[-1].start()
+            assert ready.wait(30)
+        assert count_live_workers(tmp_path) == 3
+        shared = SharedCores("m", directory=tmp_path)  # this process registers too: 4 live workers
+        assert shared.threads == max(1, len(os.sched_getaffinity(0)) // 4)
+        holders[0].kill()
+        holders[0].join(10)
+        stale = tmp_path / f"{holders[0].pid}.lock"
+        assert stale.exists()  # the kernel dropped the lock; the file stays until someone counts
+        assert count_live_workers(tmp_path) == 3
+        assert not stale.exists()
+        for child in holders[1:]:
+            child.terminate()
+            child.join(10)
+        shared.counted_at = -float("inf")
+        assert shared.refresh() == len(os.sched_getaffinity(0))  # alone again: every core
+        assert (tmp_path / f"{os.getpid()}.lock").read_text() == f"{shared.threads}\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"{os.getpid()}.lock"]
+    finally:
+        for child in holders:
+            child.kill()
+            child.join(10)
+        torch.set_num_threads(threads_before)
+
+
+@pytest.fixture(scope="module")
+def unplanned(tmp_path_factory, model_store):
+    """TorchServe without a core plan or thread settings, `seg` with 2 workers."""
+    server = TorchServe(tmp_path_factory.mktemp("unplanned"), model_store, ROOT / "config.properties", free_ports=True)
+    with pytest.MonkeyPatch.context() as env:  # workers inherit the frontend's environment
+        for name in ("OMP_NUM_THREADS", "SEGSERVE_THREADS", "SEGSERVE_CORE_PLAN"):
+            env.delenv(name, raising=False)
+        server.start(log=lambda _: None)
+    try:
+        server.register_model("seg.mar", "seg", log=lambda _: None)
+        server.scale("seg", 2)  # the archive's model config caps workers at registration
+        server.wait_ready("seg")
+        yield server
+    finally:
+        server.stop()
+
+
+def workers_dir(server, model: str) -> Path:
+    """Where a server's workers of `model` hold their locks: its TMPDIR, its process group (the launcher's pid)."""
+    return server.run_dir / "tmp" / WORKERS_DIR / str(server.running_pid()) / model
+
+
+def worker_threads(server, model: str) -> dict[int, str]:
+    """pid → the thread count each live worker wrote into its lock file."""
+    pids = [int(w["pid"]) for w in server.describe(model)["workers"] if int(w.get("pid") or -1) > 0]
+    directory = workers_dir(server, model)
+    return {pid: (directory / f"{pid}.lock").read_text().strip() for pid in pids}
+
+
+def send_until(server, model: str, wanted: str, concurrency: int, timeout_s: float = 90) -> dict[int, str]:
+    """Send batches of requests (each worker recounts at a batch, at most once a second) until every worker reports `wanted`."""
+    body = (ROOT / "samples" / "shapes_0.jpg").read_bytes()
+    token = server.token("inference")
+
+    def predict(_):
+        return request(server.url("inference"), "POST", f"/predictions/{model}", token=token, body=body, timeout_s=60).status
+
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    with ThreadPoolExecutor(concurrency) as pool:
+        while time.monotonic() < deadline:
+            time.sleep(1.1)
+            assert set(pool.map(predict, range(4 * concurrency))) == {200}
+            seen = worker_threads(server, model)
+            if seen and set(seen.values()) == {wanted}:
+                break
+    return seen
+
+
+@pytest.mark.integration
+@needs_two_cores
+def test_without_a_plan_workers_of_a_model_share_its_cores_and_take_them_back_after_a_scale_down(unplanned):
+    cores = len(os.sched_getaffinity(0))
+    two = send_until(unplanned, "seg", str(cores // 2), concurrency=8)
+    assert len(two) == 2 and set(two.values()) == {str(cores // 2)}  # 2 workers on 2 cores: 1 thread each
+    unplanned.scale("seg", 1)
+    one = send_until(unplanned, "seg", str(cores), concurrency=1)
+    assert len(one) == 1 and set(one.values()) == {str(cores)}
+    (pid,) = one
+    directory = workers_dir(unplanned, "seg")
+    assert sorted(p.name for p in directory.iterdir()) == [f"{pid}.lock"]  # the stopped worker's file is gone
