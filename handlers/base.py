@@ -104,6 +104,7 @@ class SegserveHandler:
             decode_threads=common.decode_threads,
             encode_threads=common.encode_threads,
             overlap=common.overlap,
+            prepare=self.prepare,
         )
         self.initialized = True
         logger.info(
@@ -146,6 +147,11 @@ class SegserveHandler:
         """Take an upstream node's in-process result as this node's item (fused pipeline), or
         NotImplemented: then the pipeline passes the upstream's encoded bytes through decode()."""
         return NotImplemented
+
+    def prepare(self, items: list, position: int):
+        """What predict() takes for a micro-batch's valid rows; runs in the decode stage (position: the micro-batch's
+        place in the TorchServe batch). By default the rows themselves; the segmentation node writes its staging buffer."""
+        return items
 
     def infer(self, items: list):
         """(batch, per-row results) for an in-process successor; by default the results of predict()."""

@@ -35,14 +35,17 @@ class StagingPool:
         self.buffers: dict[tuple, torch.Tensor] = {}
         self.allocations = 0  # how many buffers were ever made: steady state means this stops growing
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, on_device: bool = False) -> torch.Tensor:
-        key = (name, tuple(shape), dtype, on_device)
+    def get(
+        self, name: str, shape: tuple[int, ...], dtype: torch.dtype, on_device: bool = False, memory_format=torch.contiguous_format
+    ) -> torch.Tensor:
+        """The buffer for this key, made on first use; in the model's memory format, so no per-batch conversion."""
+        key = (name, tuple(shape), dtype, on_device, memory_format)
         buffer = self.buffers.get(key)
         if buffer is None:
             if on_device:
-                buffer = torch.empty(shape, dtype=dtype, device=self.device)
+                buffer = torch.empty(shape, dtype=dtype, device=self.device, memory_format=memory_format)
             else:
-                buffer = torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+                buffer = torch.empty(shape, dtype=dtype, pin_memory=self.pin, memory_format=memory_format)
             self.buffers[key] = buffer
             self.allocations += 1
         return buffer
@@ -69,6 +72,14 @@ class Streams:
 
     def compute_context(self):
         return torch.cuda.stream(self.compute) if self.cuda else _NullContext()
+
+    def hand_to_default(self, device_tensor: torch.Tensor) -> None:
+        """Let work on the default stream (any thread's, e.g. the next node in a fused pipeline) use a result of
+        the compute stream: the default stream waits for the compute stream (an event wait, not a synchronize)."""
+        if self.cuda:
+            default = torch.cuda.default_stream(device_tensor.device)
+            default.wait_stream(self.compute)
+            device_tensor.record_stream(default)  # the allocator must not reuse it before that work is done
 
     def to_host(self, device_tensor: torch.Tensor, host_buffer: torch.Tensor) -> torch.Tensor:
         """Copy a device result into a pinned host buffer on the d2h stream and wait for that copy only."""
@@ -132,8 +143,12 @@ class StageRunner:
         decode_threads: int = 1,
         encode_threads: int = 1,
         overlap: bool = True,
+        prepare: Callable | None = None,
     ):
         self.decode, self.predict, self.encode, self.bad_request = decode, predict, encode, bad_request
+        # prepare(valid items of a micro-batch, its position in the batch) → what predict takes: runs in the
+        # decode stage, so writing a micro-batch into its staging buffer overlaps the model too.
+        self.prepare = prepare or (lambda items, position: items)
         self.micro_batch_size = micro_batch_size  # 0: the whole TorchServe batch is one micro-batch
         self.overlap = overlap
         self.times = StageTimes()
@@ -158,11 +173,11 @@ class StageRunner:
         chunks = [list(range(start, min(start + size, len(bodies)))) for start in range(0, len(bodies), size)]
         results: list = [None] * len(bodies)
         if not self.overlap:
-            for chunk in chunks:
-                self._store(results, chunk, self._encode_chunk(self._predict_chunk(self._decode_chunk(bodies, chunk))))
+            for position, chunk in enumerate(chunks):
+                self._store(results, chunk, self._encode_chunk(self._predict_chunk(self._decode_chunk(bodies, chunk, position))))
             return results
         decode_pool, predict_pool, encode_pool = self.pools
-        decoded = [decode_pool.submit(self._decode_chunk, bodies, chunk) for chunk in chunks]
+        decoded = [decode_pool.submit(self._decode_chunk, bodies, chunk, position) for position, chunk in enumerate(chunks)]
         predicted = [predict_pool.submit(lambda d: self._predict_chunk(d.result()), d) for d in decoded]
         encoded = [encode_pool.submit(lambda p: self._encode_chunk(p.result()), p) for p in predicted]
         for chunk, future in zip(chunks, encoded, strict=True):
@@ -170,7 +185,8 @@ class StageRunner:
         return results
 
     # Stages: each takes and returns a list aligned with its chunk; errors travel as BadRequest values.
-    def _decode_chunk(self, bodies: list, chunk: list[int]) -> list:
+    def _decode_chunk(self, bodies: list, chunk: list[int], position: int) -> tuple[list, object]:
+        """(per row: the decoded item or its BadRequest, the valid rows prepared for predict or None)."""
         started, out = time.perf_counter(), []
         for idx in chunk:
             body = bodies[idx]
@@ -178,15 +194,18 @@ class StageRunner:
                 out.append(body if isinstance(body, self.bad_request) else self.decode(body))
             except self.bad_request as error:
                 out.append(error)
+        valid = [item for item in out if not isinstance(item, self.bad_request)]
+        prepared = self.prepare(valid, position) if valid else None
         self.times.add("decode_ms", (time.perf_counter() - started) * 1000)
-        return out
+        return out, prepared
 
-    def _predict_chunk(self, items: list) -> list:
+    def _predict_chunk(self, decoded: tuple[list, object]) -> list:
         started = time.perf_counter()
+        items, prepared = decoded
         valid = [i for i, item in enumerate(items) if not isinstance(item, self.bad_request)]
         out = list(items)
         if valid:
-            for i, result in zip(valid, self.predict([items[i] for i in valid]), strict=True):
+            for i, result in zip(valid, self.predict(prepared), strict=True):
                 out[i] = result
         self.times.add("predict_ms", (time.perf_counter() - started) * 1000)
         return out

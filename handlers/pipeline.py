@@ -47,6 +47,8 @@ def parse_dag(dag: dict) -> Dag:
     if joins:
         raise ValueError(f"the fused pipeline does not join inputs; node(s) with several parents: {joins}")
     roots = [n for n in nodes if not parents[n]]
+    if len(nodes) < 2:
+        raise ValueError(f"a DAG of one node ({nodes}) needs no pipeline: register that model itself")
     if len(roots) != 1:
         raise ValueError(f"the fused pipeline needs exactly one root node that takes the request; this DAG has {roots or 'none (a cycle)'}")
     order = [roots[0]]
@@ -100,9 +102,12 @@ class PipelineHandler(SegserveHandler):
     def decode(self, body: bytes):
         return self.nodes[self.dag.root].decode(body)
 
-    def predict(self, items: list) -> list[dict]:
+    def prepare(self, items: list, position: int):
+        return self.nodes[self.dag.root].prepare(items, position)
+
+    def predict(self, prepared) -> list[dict]:
         """Every inner node batched, in DAG order; per row, what each leaf takes (leaves run in the encode stage)."""
-        inputs = {self.dag.root: items}
+        inputs = {self.dag.root: prepared}  # the root's micro-batch as its prepare() left it
         for name in self.dag.order:
             node, children = self.nodes[name], self.dag.children.get(name)
             if not children:
@@ -110,7 +115,8 @@ class PipelineHandler(SegserveHandler):
             _, results = node.infer(inputs.pop(name))
             for child in children:
                 inputs[child] = [hand_over(node, self.nodes[child], r) for r in results]
-        return [{leaf: inputs[leaf][row] for leaf in self.dag.leaves} for row in range(len(items))]
+        rows = len(inputs[self.dag.leaves[0]])
+        return [{leaf: inputs[leaf][row] for leaf in self.dag.leaves} for row in range(rows)]
 
     def encode(self, leaf_inputs: dict) -> bytes:
         outputs = {leaf: self.run_leaf(leaf, item) for leaf, item in leaf_inputs.items()}

@@ -49,6 +49,13 @@ class Decoded(NamedTuple):
     original_width: int
 
 
+class Staged(NamedTuple):
+    """A micro-batch written into its staging buffer (host rows filled; rows decoded on the GPU are filled in infer)."""
+
+    host: torch.Tensor  # float32 [n, 3, H, W] in the model's memory format: a reused (pinned with CUDA) buffer
+    items: list[Decoded]
+
+
 def image_size(body: bytes) -> tuple[str, int, int] | None:
     """(kind, height, width) read from a PNG or JPEG header without decoding; None if neither."""
     if body.startswith(PNG_SIGNATURE):
@@ -160,34 +167,44 @@ class SegmentationHandler(SegserveHandler):
         mean, std = self.norm[slot.device.type]
         slot.copy_(pixels).sub_(mean).div_(std)
 
+    def prepare(self, items: list[Decoded], position: int) -> Staged:
+        """Write a micro-batch's rows into the staging buffer of its position in the batch. Runs in the decode
+        stage: with overlap, micro-batch k+1 is written while k is in the model, so each position has its own buffer."""
+        s = self.settings
+        shape = (len(items), 3, s.input_height, s.input_width)
+        host = self.pool.get(f"input.{position}", shape, torch.float32, memory_format=self.memory_format)
+        for i, item in enumerate(items):
+            if item.pixels.device.type != "cuda":
+                self.fill(host[i], item)
+        return Staged(host, items)
+
     @torch.inference_mode()
-    def infer(self, items: list[Decoded]) -> tuple[torch.Tensor, list[classmap.ClassMap]]:
+    def infer(self, staged: Staged | list[Decoded]) -> tuple[torch.Tensor, list[classmap.ClassMap]]:
         """The batch through the network: uint8 labels on the model's device, one ClassMap (a view) per row.
 
         In a fused pipeline the next node takes these directly, so nothing crosses to the host here."""
-        s, rows = self.settings, len(items)
-        shape = (rows, 3, s.input_height, s.input_width)
-        host = self.pool.get("input", shape, torch.float32)
+        if not isinstance(staged, Staged):
+            staged = self.prepare(staged, 0)
+        s, (host, items) = self.settings, staged
+        shape = tuple(host.shape)
         on_device = [i for i, item in enumerate(items) if item.pixels.device.type == "cuda"]
-        for i, item in enumerate(items):
-            if i not in on_device:
-                self.fill(host[i], item)
-        device_buffer = self.pool.get("input", shape, torch.float32, on_device=True) if self.streams.cuda else host
+        device_buffer = self.pool.get("input", shape, torch.float32, True, self.memory_format) if self.streams.cuda else host
         batch = self.streams.to_device(host, device_buffer)
         with self.streams.compute_context():
             if on_device:  # nvJPEG decoded those rows on the default stream: wait for it, not for the device
                 torch.cuda.current_stream().wait_stream(torch.cuda.default_stream(self.device))
             for i in on_device:  # nvJPEG-decoded rows: filled on the device, after the copy of the others
                 self.fill(batch[i], items[i])
-            logits = self.network(batch.to(self.compute_dtype).contiguous(memory_format=self.memory_format))
+            logits = self.network(batch.to(self.compute_dtype))  # already in the model's memory format: fp32 is not copied
             labels = logits.argmax(1).to(torch.uint8)  # only the class map leaves the device, never logits
         if self.streams.cuda:
             self.stages.times.add("host_to_device_bytes", host.numel() * host.element_size())
+            self.streams.hand_to_default(labels)  # a fused successor (the JPEG node) works on the default stream
         maps = [classmap.ClassMap(labels[i], s.num_classes, item.original_height, item.original_width) for i, item in enumerate(items)]
         return labels, maps
 
-    def predict(self, items: list[Decoded]) -> list[bytes]:
-        labels, maps = self.infer(items)
+    def predict(self, staged: Staged | list[Decoded]) -> list[bytes]:
+        labels, maps = self.infer(staged)
         if self.streams.cuda:  # into a reused pinned buffer on the copy stream
             labels = self.streams.to_host(labels, self.pool.get("labels", tuple(labels.shape), torch.uint8))
             self.stages.times.add("device_to_host_bytes", labels.numel())

@@ -211,3 +211,10 @@ def test_areas_counts_pixels_and_scales_boxes_to_the_original_image():
     assert result["pixels"] == [24, 8, 0]
     assert result["boxes"] == {"0": [0, 0, 80, 40], "1": [20, 10, 60, 30]}  # ×10 to 40×80; class 2 is absent
     assert result["map_size"] == [4, 8] and result["original_size"] == [40, 80]
+
+
+def test_a_one_node_dag_is_refused_with_the_reason():
+    from handlers.pipeline import parse_dag
+
+    with pytest.raises(ValueError, match="register that model itself"):
+        parse_dag({"seg": []})
