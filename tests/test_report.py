@@ -12,6 +12,7 @@ from segserve.bench.report import (
     read_summary,
     render_table,
     served_vs_bare,
+    time_breakdown,
     write_report,
     write_summary,
 )
@@ -254,3 +255,29 @@ def test_served_vs_bare_gives_the_best_batch_per_thread_count_against_the_matchi
     # measured beside the point, the bare forward is the one the ratio uses
     assert (rows[2]["threads"], rows[2]["bare_beside_rps"], rows[2]["bare_end_rps"]) == (1, 37.5, 40.0)
     assert rows[2]["ratio_bare"] == pytest.approx(0.8)
+
+
+def test_time_breakdown_splits_the_mean_latency_into_nodes_and_frontend_hops():
+    workflow = record(
+        "wf",
+        "seg_jpeg",
+        60.0,
+        300.0,
+        latency_mean_ms=250.0,
+        server_models={
+            "seg_jpeg__seg": {"queue_ms": 80.0, "inference_ms": 200.0},
+            "seg_jpeg__jpeg": {"queue_ms": 4.0, "inference_ms": 38.0},
+        },
+        server_stages={"seg_jpeg__seg": {"decode_ms": 2.0, "predict_ms": 13.0, "encode_ms": 0.5}},
+        server_processes={"seg_jpeg__seg/11": {"cpu_pct": 100.0}, "seg_jpeg__jpeg/12": {"cpu_pct": 20.0}, "frontend": {"cpu_pct": 30.0}},
+    )
+    rows = time_breakdown([workflow, record("seg", "seg", 70.0, 100.0)], {}, "throughput_rps")
+    assert [r["part"] for r in rows] == ["seg_jpeg__seg", "seg_jpeg__jpeg", "frontend hops + network (rest of mean latency)"]
+    assert (rows[0]["node_ms"], rows[0]["of_which_queue_ms"], rows[0]["handler_ms_per_request"], rows[0]["cpu_pct"]) == (
+        200.0,
+        80.0,
+        15.5,
+        100.0,
+    )
+    assert rows[1]["handler_ms_per_request"] is None  # no stage counters for that node
+    assert rows[2]["node_ms"] == pytest.approx(12.0) and rows[2]["cpu_pct"] == 30.0  # 250 - 200 - 38: queue is inside node time

@@ -131,6 +131,49 @@ def efficiency(records: list[dict], constraints: dict, objective: str, bare: lis
     return rows
 
 
+def time_breakdown(records: list[dict], constraints: dict, objective: str) -> list[dict]:
+    """Where a request's time goes at each pipeline's best point, from the server's own metrics: per node
+    (a workflow node, or the fused model) TorchServe's time from the job's creation to its response, the
+    queue wait within it, and the handler's decode/predict/encode per request; the rest of the client's mean
+    latency is the frontend's hops (HTTP, the workflow's per-request thread pool, bytes between nodes)."""
+    rows = []
+    for pipeline in PIPELINES:
+        winner = best([r for r in records if r.get("target") == pipeline], constraints, objective)
+        if winner is None or not winner.get("server_models"):
+            continue
+        stages = winner.get("server_stages") or {}
+        processes = winner.get("server_processes") or {}
+        accounted = 0.0
+        for node, times in winner["server_models"].items():
+            stage = stages.get(node, {})
+            # TorchServe's inference latency runs from the job's creation to its response: the queue is inside it
+            queue_ms, inference_ms = times.get("queue_ms") or 0.0, times.get("inference_ms") or 0.0
+            accounted += inference_ms
+            cpu = [v.get("cpu_pct") for k, v in processes.items() if k.split("/")[0] == node]
+            rows.append(
+                {
+                    "pipeline": pipeline,
+                    "part": node,
+                    "node_ms": inference_ms,
+                    "of_which_queue_ms": queue_ms,
+                    "handler_ms_per_request": sum(stage.get(k) or 0.0 for k in ("decode_ms", "predict_ms", "encode_ms")) or None,
+                    "cpu_pct": sum(c for c in cpu if c is not None) if cpu else None,
+                }
+            )
+        latency = winner.get("latency_mean_ms")
+        rows.append(
+            {
+                "pipeline": pipeline,
+                "part": "frontend hops + network (rest of mean latency)",
+                "node_ms": None if latency is None else latency - accounted,
+                "of_which_queue_ms": None,
+                "handler_ms_per_request": None,
+                "cpu_pct": (processes.get("frontend") or {}).get("cpu_pct"),
+            }
+        )
+    return rows
+
+
 def _cell(value) -> str:
     if value is None:
         return "–"
@@ -335,6 +378,22 @@ def write_report(
             "*disjoint* bound assumes each member has its own resources, so the slower one sets the pace: min(seg_rps, jpeg_rps). A "
             "ratio near 1 means the pipeline loses little to the serving glue between its steps; ratio_bare compares it with the "
             "bare model's in-process forward throughput at the same batch size and threads, the compute limit.",
+        ]
+    breakdown = time_breakdown(records, constraints, objective)
+    if breakdown:
+        md += [
+            "",
+            "### Where a pipeline request's time goes (best point of each pipeline)",
+            "",
+            render_table(breakdown, list(breakdown[0])),
+            "",
+            "node_ms is TorchServe's own per-request mean (Prometheus `ts_inference_latency_microseconds`, per node): from "
+            "the job's creation in the frontend to its response, so it holds the queue wait (`of_which_queue_ms`), the "
+            "batch's wait for its slowest member and the worker round trip. handler_ms_per_request is the handler's decode + "
+            "predict + encode time divided by the requests it served. The last row of each pipeline is the client's mean "
+            "latency minus the nodes' time: the frontend's hops (HTTP, and for a workflow its per-request thread pool and "
+            "the bytes between nodes) and the loopback network; a few ms below zero means none (the server's means also "
+            "cover the warm-up). cpu_pct: that process's CPU use (% of one core).",
         ]
 
     columns = ["status", "run_id", *params, *(_header(m) for m in TABLE_METRICS)]

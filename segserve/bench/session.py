@@ -113,4 +113,8 @@ def terminal_summary(records: list[dict], swept: list[str], constraints: dict, o
         text += "\n\n" + report.render_table(
             rows, ["pipeline", "disjoint_bound_rps", "ratio_disjoint", "bare_rps", "ratio_bare", "bare_batch_size"]
         )
+    breakdown = report.time_breakdown(records, constraints, objective)
+    if breakdown:
+        text += "\n\nWhere a pipeline request's time goes (ms per request; node_ms holds the queue; see report.md):\n"
+        text += report.render_table(breakdown, list(breakdown[0]))
     return text
