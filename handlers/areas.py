@@ -38,7 +38,7 @@ class AreasHandler(ClassMapInput, SegserveHandler):
 
 def areas(class_map: classmap.ClassMap) -> dict:
     """Pixels per class at the map's resolution; boxes [x0, y0, x1, y1) scaled to the original image."""
-    labels = class_map.labels
+    labels = classmap.labels_for(class_map, torch.device("cpu"))  # one copy if on the GPU, then CPU counting
     height, width = labels.shape
     counts = torch.bincount(labels.flatten().long(), minlength=class_map.num_classes).tolist()
     boxes = {}

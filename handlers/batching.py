@@ -31,7 +31,7 @@ class StagingPool:
 
     def __init__(self, device: torch.device, pin: bool | None = None):
         self.device = device
-        self.pin = torch.cuda.is_available() if pin is None else pin
+        self.pin = device.type == "cuda" if pin is None else pin  # a CPU worker on a GPU machine needs no pinned memory
         self.buffers: dict[tuple, torch.Tensor] = {}
         self.allocations = 0  # how many buffers were ever made: steady state means this stops growing
 
@@ -73,13 +73,14 @@ class Streams:
     def compute_context(self):
         return torch.cuda.stream(self.compute) if self.cuda else _NullContext()
 
-    def hand_to_default(self, device_tensor: torch.Tensor) -> None:
-        """Let work on the default stream (any thread's, e.g. the next node in a fused pipeline) use a result of
-        the compute stream: the default stream waits for the compute stream (an event wait, not a synchronize)."""
-        if self.cuda:
-            default = torch.cuda.default_stream(device_tensor.device)
-            default.wait_stream(self.compute)
-            device_tensor.record_stream(default)  # the allocator must not reuse it before that work is done
+    def done_event(self):
+        """An event on the compute stream after the work queued so far (None on the CPU): a consumer on another
+        stream waits for it, not for the whole stream or device."""
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record(self.compute)
+        return event
 
     def to_host(self, device_tensor: torch.Tensor, host_buffer: torch.Tensor) -> torch.Tensor:
         """Copy a device result into a pinned host buffer on the d2h stream and wait for that copy only."""

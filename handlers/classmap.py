@@ -26,6 +26,20 @@ class ClassMap(NamedTuple):
     num_classes: int
     original_height: int
     original_width: int
+    ready: object = None  # handed over in process from a CUDA stream: the event after which the labels are complete
+
+
+def labels_for(class_map: ClassMap, device: torch.device) -> torch.Tensor:
+    """The labels on `device`, safe to use on this thread's current stream: a CUDA producer's event is
+    waited for by that stream (not by the device), and a device→host copy finishes before the CPU reads it."""
+    labels = class_map.labels
+    if class_map.ready is not None:
+        stream = torch.cuda.current_stream(labels.device)
+        stream.wait_event(class_map.ready)
+        labels.record_stream(stream)  # the producer's allocator must not reuse it before this stream is done
+    if labels.device != device:
+        labels = labels.to(device, non_blocking=labels.device.type == "cpu")
+    return labels
 
 
 def pack(labels: torch.Tensor, num_classes: int, original_height: int, original_width: int) -> bytes:

@@ -89,7 +89,7 @@ class JpegHandler(ClassMapInput, SegserveHandler):
 
     def colourise(self, class_map: classmap.ClassMap) -> torch.Tensor:
         """uint8 [3, H, W] at the original size: nearest-neighbour labels, then palette lookup."""
-        labels = class_map.labels.to(self.device, non_blocking=True)
+        labels = classmap.labels_for(class_map, self.device)
         size = (class_map.original_height, class_map.original_width)
         if labels.shape != size:
             labels = F.interpolate(labels[None, None], size=size, mode="nearest-exact")[0, 0]
@@ -101,7 +101,7 @@ class JpegHandler(ClassMapInput, SegserveHandler):
         # One call for the whole batch; on CUDA tensors this is nvJPEG and only the JPEG bytes come back.
         jpegs = [jpeg.cpu() for jpeg in encode_jpeg(images, quality=self.settings.quality)]
         if self.device.type == "cuda":
-            self.stages.times.add("host_to_device_bytes", sum(item.labels.numel() for item in items))
+            self.stages.times.add("host_to_device_bytes", sum(item.labels.numel() for item in items if item.labels.device.type == "cpu"))
             self.stages.times.add("device_to_host_bytes", sum(j.numel() for j in jpegs))
         return jpegs
 

@@ -54,6 +54,7 @@ class Staged(NamedTuple):
 
     host: torch.Tensor  # float32 [n, 3, H, W] in the model's memory format: a reused (pinned with CUDA) buffer
     items: list[Decoded]
+    position: int  # in the TorchServe batch: micro-batches in flight together never share a buffer
 
 
 def image_size(body: bytes) -> tuple[str, int, int] | None:
@@ -129,6 +130,9 @@ class SegmentationHandler(SegserveHandler):
         }
         self.pool = StagingPool(self.device)
         self.streams = Streams(self.device)
+        self.decode_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # weights and constants were queued on the default stream: done before any batch
 
     def decode(self, body: bytes) -> Decoded:
         s = self.settings
@@ -147,7 +151,10 @@ class SegmentationHandler(SegserveHandler):
         data = view_bytes(body)
         try:
             if kind == "jpeg" and self.device.type == "cuda":
-                image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)  # nvJPEG
+                # nvJPEG, on a stream of its own: its output is allocated on the caller's stream, which must not
+                # be a stream whose freed blocks other queued work may still read
+                with torch.cuda.stream(self.decode_stream):
+                    image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
             else:
                 image = decode_image(data, mode=ImageReadMode.RGB)
         except RuntimeError as error:
@@ -176,7 +183,7 @@ class SegmentationHandler(SegserveHandler):
         for i, item in enumerate(items):
             if item.pixels.device.type != "cuda":
                 self.fill(host[i], item)
-        return Staged(host, items)
+        return Staged(host, items, position)
 
     @torch.inference_mode()
     def infer(self, staged: Staged | list[Decoded]) -> tuple[torch.Tensor, list[classmap.ClassMap]]:
@@ -185,22 +192,28 @@ class SegmentationHandler(SegserveHandler):
         In a fused pipeline the next node takes these directly, so nothing crosses to the host here."""
         if not isinstance(staged, Staged):
             staged = self.prepare(staged, 0)
-        s, (host, items) = self.settings, staged
+        s, (host, items, position) = self.settings, staged
         shape = tuple(host.shape)
         on_device = [i for i, item in enumerate(items) if item.pixels.device.type == "cuda"]
-        device_buffer = self.pool.get("input", shape, torch.float32, True, self.memory_format) if self.streams.cuda else host
+        if self.streams.cuda:
+            device_buffer = self.pool.get(f"input.{position}", shape, torch.float32, True, self.memory_format)
+        else:
+            device_buffer = host
         batch = self.streams.to_device(host, device_buffer)
         with self.streams.compute_context():
-            if on_device:  # nvJPEG decoded those rows on the default stream: wait for it, not for the device
-                torch.cuda.current_stream().wait_stream(torch.cuda.default_stream(self.device))
+            if on_device:  # nvJPEG decoded those rows on the decode stream: wait for it, not for the device
+                self.streams.compute.wait_stream(self.decode_stream)
             for i in on_device:  # nvJPEG-decoded rows: filled on the device, after the copy of the others
+                items[i].pixels.record_stream(self.streams.compute)
                 self.fill(batch[i], items[i])
             logits = self.network(batch.to(self.compute_dtype))  # already in the model's memory format: fp32 is not copied
             labels = logits.argmax(1).to(torch.uint8)  # only the class map leaves the device, never logits
         if self.streams.cuda:
             self.stages.times.add("host_to_device_bytes", host.numel() * host.element_size())
-            self.streams.hand_to_default(labels)  # a fused successor (the JPEG node) works on the default stream
-        maps = [classmap.ClassMap(labels[i], s.num_classes, item.original_height, item.original_width) for i, item in enumerate(items)]
+        ready = self.streams.done_event()  # a fused successor on another stream waits for this, not for later batches
+        maps = [
+            classmap.ClassMap(labels[i], s.num_classes, item.original_height, item.original_width, ready) for i, item in enumerate(items)
+        ]
         return labels, maps
 
     def predict(self, staged: Staged | list[Decoded]) -> list[bytes]:

@@ -135,7 +135,7 @@ def test_jpeg_handler_refuses_bad_class_maps_and_passes_upstream_errors_on(jpeg)
 def test_classmap_round_trip_and_voc_palette():
     labels = torch.randint(0, 5, (7, 9), dtype=torch.uint8)
     unpacked = classmap.unpack(classmap.pack(labels, 5, 70, 90))
-    assert torch.equal(unpacked.labels, labels) and unpacked[1:] == (5, 70, 90)
+    assert torch.equal(unpacked.labels, labels) and unpacked[1:4] == (5, 70, 90) and unpacked.ready is None
     assert voc_palette()[:3] == [[0, 0, 0], [128, 0, 0], [0, 128, 0]]
     assert len({tuple(c) for c in voc_palette()}) == 256
 
@@ -218,3 +218,41 @@ def test_a_one_node_dag_is_refused_with_the_reason():
 
     with pytest.raises(ValueError, match="register that model itself"):
         parse_dag({"seg": []})
+
+
+@pytest.mark.gpu
+def test_jpeg_node_on_cuda_draws_the_same_image_as_on_the_cpu(jpeg, tmp_path):
+    """A real class map (shapes, not one class): nvJPEG's image matches libjpeg-turbo's within JPEG noise."""
+    jpeg_gpu = JpegHandler()
+    jpeg_gpu.initialize(make_context(tmp_path, {"quality": 95, "palette": [[0, 0, 0], [255, 255, 255]]}, gpu_id=0))
+    maps = [classmap.pack(make_sample(seed, 300, 520)[1], 2, 300, 520) for seed in (41, 42, 43)]
+    on_gpu, on_cpu = run(jpeg_gpu, maps)[0], run(jpeg, maps)[0]
+    for gpu_bytes, cpu_bytes in zip(on_gpu, on_cpu, strict=True):
+        gpu_image = decode_jpeg(torch.frombuffer(bytearray(gpu_bytes), dtype=torch.uint8)).float()
+        cpu_image = decode_jpeg(torch.frombuffer(bytearray(cpu_bytes), dtype=torch.uint8)).float()
+        assert gpu_image.shape == cpu_image.shape == (3, 300, 520)
+        assert (gpu_image - cpu_image).abs().mean() < 3 and cpu_image.std() > 50  # not one flat colour
+
+
+@pytest.mark.parametrize("gpu_id", [None, pytest.param(0, marks=pytest.mark.gpu)], ids=["cpu", "cuda"])
+def test_fused_pipeline_overlapped_equals_sequential(model_store, tmp_path, gpu_id):
+    """Micro-batches in flight together (own buffers; on the GPU, events between nodes): same bytes as one at a time."""
+    import zipfile
+
+    from handlers.pipeline import PipelineHandler
+
+    with zipfile.ZipFile(model_store / "seg_jpeg_fused.mar") as archive:
+        archive.extractall(tmp_path)
+
+    def fused(**runner):
+        handler = PipelineHandler()
+        handler.initialize(make_context(tmp_path, {"spec": "seg_jpeg.yaml", **runner}, "seg.pt", gpu_id=gpu_id))
+        assert handler.nodes["seg"].device.type == ("cpu" if gpu_id is None else "cuda")
+        return handler
+
+    bodies = [jpeg_bytes(seed=50 + i) if i % 2 else png_bytes(seed=50 + i) for i in range(8)]
+    sequential, context = run(fused(), bodies)
+    assert all(status_of(context, i) == 200 for i in range(8))
+    overlapped = fused(micro_batch_size=2, overlap=True, decode_threads=2, encode_threads=2)
+    for _ in range(3):  # and again, with every buffer reused
+        assert run(overlapped, bodies)[0] == sequential
