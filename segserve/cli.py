@@ -172,7 +172,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=700)
     p.set_defaults(run=cmd_train)
 
-    p = sub.add_parser("build", parents=[common], help="weights (trained if missing), seg.mar, jpeg.mar, seg_jpeg.war")
+    p = sub.add_parser(
+        "build", parents=[common], help="weights (trained if missing), node .mar files, workflow .war files and their fused .mar"
+    )
     p.add_argument("--weights", help="your TorchScript file or state_dict (default: weights/seg.pt, trained if missing)")
     p.add_argument("--backbone", choices=["mobilenet_v3_small", "mobilenet_v3_large"], help="architecture of a state_dict")
     p.add_argument("--num-classes", type=int, help="classes of your model (default 2)")
