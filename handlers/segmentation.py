@@ -159,6 +159,8 @@ class SegmentationHandler(SegserveHandler):
                 image = decode_image(data, mode=ImageReadMode.RGB)
         except RuntimeError as error:
             raise BadRequest(f"could not decode the {kind} image: {error}") from None
+        if image.dtype == torch.uint16:  # a 16-bit PNG: to the 0–255 scale the normalisation expects
+            image = torch.div(image.to(torch.int32), 257, rounding_mode="floor").to(torch.uint8)
         return Decoded(image, False, height, width)
 
     def fill(self, slot: torch.Tensor, item: Decoded) -> None:

@@ -256,3 +256,16 @@ def test_fused_pipeline_overlapped_equals_sequential(model_store, tmp_path, gpu_
     overlapped = fused(micro_batch_size=2, overlap=True, decode_threads=2, encode_threads=2)
     for _ in range(3):  # and again, with every buffer reused
         assert run(overlapped, bodies)[0] == sequential
+
+
+def test_a_16_bit_png_is_segmented_like_its_8_bit_version(seg):
+    image = make_sample(61, 120, 200)[0]
+    wide = image.to(torch.int32) * 257  # the same picture on the 16-bit scale
+    png16 = io.BytesIO()
+    Image.fromarray(wide[0].numpy().astype("uint16")).save(png16, format="PNG")  # grey, 16 bits per sample
+    grey8 = image[0:1].expand(3, -1, -1).contiguous()
+    decoded = seg.decode(png16.getvalue()).pixels
+    assert decoded.dtype == torch.uint8 and torch.equal(decoded, grey8)  # 65535 → 255, each value back exactly
+    out, context = run(seg, [png16.getvalue(), encode_png(grey8).numpy().tobytes()])
+    assert status_of(context, 0) == status_of(context, 1) == 200
+    assert torch.equal(classmap.unpack(out[0]).labels, classmap.unpack(out[1]).labels)
