@@ -159,12 +159,8 @@ def measured_costs(source: Path) -> tuple[dict[str, dict], str]:
     from segserve.bench.schema import METRICS, best
 
     try:
-        if source.is_dir():
-            records = read_summary(source)
-            suite_path = source / "suite.yaml"
-        else:
-            records = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
-            suite_path = source.parent / "suite.yaml"
+        records = read_summary(source)  # a results folder or its summary.jsonl
+        suite_path = (source if source.is_dir() else source.parent) / "suite.yaml"
         suite = yaml.safe_load(suite_path.read_text()) if suite_path.is_file() else None
     except FileNotFoundError as error:
         raise UsageError(str(error) if source.is_dir() else f"{source}: no such file") from None

@@ -10,15 +10,16 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
-from handlers.segnet import SegNet
+from handlers import segmentation
 
 
 def load_network(weights: str, backbone: str) -> torch.nn.Module:
-    network = SegNet(2, backbone)
-    network.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    """The network as the seg handler loads it (TorchScript or state_dict), in eval mode and channels_last."""
+    network = segmentation.load_network(Path(weights), segmentation.SegmentationSettings(backbone=backbone))
     return network.eval().to(memory_format=torch.channels_last)
 
 

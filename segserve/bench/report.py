@@ -38,7 +38,8 @@ def write_summary(out_dir: Path, records: list[dict], swept: list[str]) -> None:
 
 
 def read_summary(result_dir: Path) -> list[dict]:
-    path = Path(result_dir) / "summary.jsonl"
+    """The rows of a results folder's summary.jsonl (or of that file, given itself)."""
+    path = Path(result_dir) if Path(result_dir).is_file() else Path(result_dir) / "summary.jsonl"
     if not path.is_file():
         raise FileNotFoundError(
             f"{path}: no summary.jsonl here; pass a results folder written by `segserve bench` (results/<suite>/<timestamp>/)"
@@ -313,6 +314,11 @@ def _time_outside(records: list[dict], targets: list[str]) -> str:
     return render_table(rows, list(rows[0]))
 
 
+def _table_section(heading: str, rows: list[dict], explanation: str) -> list[str]:
+    """Report lines for one computed table: heading, table, what it means; nothing when there are no rows."""
+    return ["", heading, "", render_table(rows, list(rows[0])), "", explanation] if rows else []
+
+
 def write_report(
     out_dir: Path,
     suite_name: str,
@@ -352,49 +358,34 @@ def write_report(
             metrics = ", ".join(f"{_header(m)} {_cell(winner.get(m))}" for m in ("throughput_rps", "latency_p99_ms"))
             md.append(f"- **{target}**: `{winner.get('run_id')}` ({settings}): {metrics}")
 
-    served = served_vs_bare(records, constraints, objective, bare)
-    if served:
-        md += [
-            "",
-            "## Served model vs bare model",
-            "",
-            render_table(served, list(served[0])),
-            "",
-            "The best `seg` point (first row), then the best batch size for each other thread count, against the network's "
-            "in-process forward throughput at the same batch size, thread count and input size: `bare_beside_rps` measured right "
-            "after the point (the ratio uses it), `bare_end_rps` at the end of the suite (`bare.json`: median of interleaved "
-            "slices, with their range). What TorchServe, decoding and batching cost on top of the compute.",
-        ]
-    rows = efficiency(records, constraints, objective, bare)
-    if rows:
-        md += [
-            "",
-            "## Pipeline efficiency",
-            "",
-            render_table(rows, list(rows[0])),
-            "",
-            "Each rate is the best point of its target under the constraints. The *shared* bound assumes both members run on "
-            "the same CPUs, so every request costs 1/seg_rps + 1/jpeg_rps seconds of the machine: 1/(1/seg_rps + 1/jpeg_rps). The "
-            "*disjoint* bound assumes each member has its own resources, so the slower one sets the pace: min(seg_rps, jpeg_rps). A "
-            "ratio near 1 means the pipeline loses little to the serving glue between its steps; ratio_bare compares it with the "
-            "bare model's in-process forward throughput at the same batch size and threads, the compute limit.",
-        ]
-    breakdown = time_breakdown(records, constraints, objective)
-    if breakdown:
-        md += [
-            "",
-            "### Where a pipeline request's time goes (best point of each pipeline)",
-            "",
-            render_table(breakdown, list(breakdown[0])),
-            "",
-            "node_ms is TorchServe's own per-request mean (Prometheus `ts_inference_latency_microseconds`, per node): from "
-            "the job's creation in the frontend to its response, so it holds the queue wait (`of_which_queue_ms`), the "
-            "batch's wait for its slowest member and the worker round trip. handler_ms_per_request is the handler's decode + "
-            "predict + encode time divided by the requests it served. The last row of each pipeline is the client's mean "
-            "latency minus the nodes' time: the frontend's hops (HTTP, and for a workflow its per-request thread pool and "
-            "the bytes between nodes) and the loopback network; a few ms below zero means none (the server's means also "
-            "cover the warm-up). cpu_pct: that process's CPU use (% of one core).",
-        ]
+    md += _table_section(
+        "## Served model vs bare model",
+        served_vs_bare(records, constraints, objective, bare),
+        "The best `seg` point (first row), then the best batch size for each other thread count, against the network's "
+        "in-process forward throughput at the same batch size, thread count and input size: `bare_beside_rps` measured right "
+        "after the point (the ratio uses it), `bare_end_rps` at the end of the suite (`bare.json`: median of interleaved "
+        "slices, with their range). What TorchServe, decoding and batching cost on top of the compute.",
+    )
+    md += _table_section(
+        "## Pipeline efficiency",
+        efficiency(records, constraints, objective, bare),
+        "Each rate is the best point of its target under the constraints. The *shared* bound assumes both members run on "
+        "the same CPUs, so every request costs 1/seg_rps + 1/jpeg_rps seconds of the machine: 1/(1/seg_rps + 1/jpeg_rps). The "
+        "*disjoint* bound assumes each member has its own resources, so the slower one sets the pace: min(seg_rps, jpeg_rps). A "
+        "ratio near 1 means the pipeline loses little to the serving glue between its steps; ratio_bare compares it with the "
+        "bare model's in-process forward throughput at the same batch size and threads, the compute limit.",
+    )
+    md += _table_section(
+        "### Where a pipeline request's time goes (best point of each pipeline)",
+        time_breakdown(records, constraints, objective),
+        "node_ms is TorchServe's own per-request mean (Prometheus `ts_inference_latency_microseconds`, per node): from "
+        "the job's creation in the frontend to its response, so it holds the queue wait (`of_which_queue_ms`), the "
+        "batch's wait for its slowest member and the worker round trip. handler_ms_per_request is the handler's decode + "
+        "predict + encode time divided by the requests it served. The last row of each pipeline is the client's mean "
+        "latency minus the nodes' time: the frontend's hops (HTTP, and for a workflow its per-request thread pool and "
+        "the bytes between nodes) and the loopback network; a few ms below zero means none (the server's means also "
+        "cover the warm-up). cpu_pct: that process's CPU use (% of one core).",
+    )
 
     columns = ["status", "run_id", *params, *(_header(m) for m in TABLE_METRICS)]
     for target in targets:
