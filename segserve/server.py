@@ -238,9 +238,17 @@ class TorchServe:
         )
         log(f"registered workflow {name} ({archive})")
 
-    def scale(self, model: str, workers: int) -> Response:
+    def scale(self, model: str, workers: int, attempts: int = 6) -> Response:
+        """PUT min/max workers, synchronously. TorchServe 0.12 can answer a scale under load with
+        500 ConcurrentModificationException (its worker map changed while it iterated it; seen once in
+        7 rescale-under-load runs): the call sets absolute counts, so sending it again is safe."""
         path = f"/models/{model}?min_worker={workers}&max_worker={workers}&synchronous=true"
-        return self._expect_ok(self.call("management", "PUT", path), f"scaling {model} to {workers} worker(s)")
+        for attempt in range(attempts):
+            response = self.call("management", "PUT", path)
+            if response.status != 500 or "ConcurrentModificationException" not in response.text() or attempt == attempts - 1:
+                break
+            time.sleep(0.2 * 2**attempt)
+        return self._expect_ok(response, f"scaling {model} to {workers} worker(s)")
 
     def unregister(self, kind: str, name: str) -> None:
         """DELETE a model or workflow (kind "models" or "workflows"); a missing one is not an error."""
