@@ -10,7 +10,8 @@ the next node) and accept() (take the previous node's in-memory result).
 
 handle() runs the hooks through a StageRunner (handlers/batching.py), which
 may split the batch into overlapped micro-batches. A bad row gets its own
-400 with a JSON `{"error": ...}` body; its batch-mates are served.
+400 with a JSON `{"error": ...}` body, a row that breaks a hook any other way
+its own 500; its batch-mates are served.
 `len(output) == len(data)` always.
 """
 
@@ -21,7 +22,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from handlers.batching import StageRunner
+from handlers.batching import RowFailure, StageRunner
 from handlers.pinning import SharedCores, claim_cores
 from handlers.settings import parse_settings
 
@@ -48,13 +49,13 @@ class BadRequest(ValueError):
     """The request's own fault: answered with 400 and the message, the batch goes on."""
 
 
-def request_body(row: dict) -> bytes:
+def request_body(row: dict) -> bytes | bytearray:
     """The payload of one request row as bytes (multipart field `data`, or the raw `body`)."""
     body = row.get("data")
     if body is None:
         body = row.get("body")
     if isinstance(body, (bytes, bytearray)):
-        return bytes(body)
+        return body  # TorchServe's bytearray as is: decoders view it (bytes(body) would copy every request)
     if body is None:
         raise BadRequest("empty request: send the payload as the request body or as form field 'data'")
     raise BadRequest(
@@ -124,9 +125,9 @@ class SegserveHandler:
             except BadRequest as error:
                 bodies.append(error)
         for idx, result in enumerate(self.stages.run(bodies)):
-            if isinstance(result, BadRequest):
+            if isinstance(result, (BadRequest, RowFailure)):
                 output[idx] = json.dumps({"error": str(result)}).encode()
-                context.set_response_status(400, str(result), idx)
+                context.set_response_status(400 if isinstance(result, BadRequest) else 500, str(result), idx)
                 context.set_response_content_type(idx, "application/json")
             else:
                 output[idx] = result

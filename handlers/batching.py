@@ -6,9 +6,11 @@
   CUDA events (never a device-wide synchronize). On the CPU every method is a no-op pass-through.
 - StageRunner: splits a TorchServe batch into micro-batches and runs decode → predict → encode so that
   decoding of micro-batch k+1 and encoding of k-1 happen while k is in the model. Results come back in
-  request order; a row whose decode raised BadRequest gets that error and its micro-batch goes on.
+  request order; a row whose decode raised BadRequest gets that error and its micro-batch goes on, and a row
+  that raised anything else (a bug, a codec surprise) gets a RowFailure (500) of its own.
 """
 
+import logging
 import threading
 import time
 import weakref
@@ -17,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 def view_bytes(body: bytes | bytearray, dtype: torch.dtype = torch.uint8, offset: int = 0) -> torch.Tensor:
@@ -131,6 +135,15 @@ class StageTimes:
         return values
 
 
+class RowFailure(Exception):
+    """An unexpected error while serving one row: that row is answered 500, its batch-mates are served."""
+
+    @classmethod
+    def of(cls, stage: str, error: Exception) -> "RowFailure":
+        logger.exception("%s a request failed; its batch-mates are served", stage, exc_info=error)
+        return cls(f"internal error while {stage} this request: {type(error).__name__}: {error}")
+
+
 class StageRunner:
     """decode → predict → encode over micro-batches, overlapped in threads (or sequential when overlap=False)."""
 
@@ -185,35 +198,75 @@ class StageRunner:
             self._store(results, chunk, future.result())
         return results
 
-    # Stages: each takes and returns a list aligned with its chunk; errors travel as BadRequest values.
+    # Stages: each takes and returns a list aligned with its chunk; errors travel as values (BadRequest, RowFailure).
+    def _failed(self, value) -> bool:
+        return isinstance(value, (self.bad_request, RowFailure))
+
     def _decode_chunk(self, bodies: list, chunk: list[int], position: int) -> tuple[list, object]:
-        """(per row: the decoded item or its BadRequest, the valid rows prepared for predict or None)."""
+        """(per row: the decoded item or its error, the valid rows prepared for predict or None)."""
         started, out = time.perf_counter(), []
         for idx in chunk:
             body = bodies[idx]
             try:
-                out.append(body if isinstance(body, self.bad_request) else self.decode(body))
+                out.append(body if self._failed(body) else self.decode(body))
             except self.bad_request as error:
                 out.append(error)
-        valid = [item for item in out if not isinstance(item, self.bad_request)]
-        prepared = self.prepare(valid, position) if valid else None
+            except Exception as error:  # a bug or a codec surprise: this row's 500, not its batch-mates'
+                out.append(RowFailure.of("decoding", error))
+        try:
+            prepared = self._prepare_valid(out, position)
+        except Exception:  # which row cannot be staged? each alone, then the others together
+            for i, item in enumerate(out):
+                if self._failed(item):
+                    continue
+                try:
+                    self.prepare([item], position)
+                except Exception as error:
+                    out[i] = RowFailure.of("preparing", error)
+            prepared = self._prepare_valid(out, position)
         self.times.add("decode_ms", (time.perf_counter() - started) * 1000)
-        return out, prepared
+        return out, (prepared, position)
+
+    def _prepare_valid(self, items: list, position: int):
+        valid = [item for item in items if not self._failed(item)]
+        return self.prepare(valid, position) if valid else None
 
     def _predict_chunk(self, decoded: tuple[list, object]) -> list:
         started = time.perf_counter()
-        items, prepared = decoded
-        valid = [i for i, item in enumerate(items) if not isinstance(item, self.bad_request)]
+        items, (prepared, position) = decoded
+        valid = [i for i, item in enumerate(items) if not self._failed(item)]
         out = list(items)
         if valid:
-            for i, result in zip(valid, self.predict(prepared), strict=True):
+            try:
+                results = self.predict(prepared)
+            except Exception as error:
+                if len(valid) == 1:
+                    results = [RowFailure.of("predicting", error)]
+                else:  # which row broke the batch? each alone: the others are served, the culprit gets its 500
+                    results = [self._predict_alone(items[i], position) for i in valid]
+            for i, result in zip(valid, results, strict=True):
                 out[i] = result
         self.times.add("predict_ms", (time.perf_counter() - started) * 1000)
         return out
 
+    def _predict_alone(self, item, position: int):
+        try:
+            return self.predict(self.prepare([item], position))[0]
+        except self.bad_request as error:
+            return error
+        except Exception as error:
+            return RowFailure.of("predicting", error)
+
     def _encode_chunk(self, results: list) -> list:
         started = time.perf_counter()
-        out = [r if isinstance(r, self.bad_request) else self.encode(r) for r in results]
+        out = []
+        for result in results:
+            try:
+                out.append(result if self._failed(result) else self.encode(result))
+            except self.bad_request as error:
+                out.append(error)
+            except Exception as error:
+                out.append(RowFailure.of("encoding", error))
         self.times.add("encode_ms", (time.perf_counter() - started) * 1000)
         return out
 

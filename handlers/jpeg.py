@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.io import encode_jpeg
 
-from handlers import classmap
+from handlers import classmap, limits
 from handlers.base import BadRequest, SegserveHandler, entry_point
 from handlers.settings import parse_settings
 
@@ -36,6 +36,9 @@ def voc_palette(size: int = 256) -> list[list[int]]:
 class ClassMapInput:
     """Decoding for nodes whose input is a class map: the JPEG and the areas node."""
 
+    max_side_px: int | None = None  # the largest original side the node's output can be made at
+    side_limit_reason = ""
+
     def decode(self, body: bytes) -> classmap.ClassMap:
         if body.startswith(UPSTREAM_ERROR_PREFIX):
             # In a TorchServe 0.12 workflow the previous node's 400 body arrives here as input:
@@ -45,8 +48,11 @@ class ClassMapInput:
             class_map = classmap.unpack(body)
         except ValueError as error:
             raise BadRequest(str(error)) from None
-        pixels = class_map.original_height * class_map.original_width
-        if pixels > self.settings.max_image_pixels:
+        height, width = class_map.original_height, class_map.original_width
+        refused = self.max_side_px and limits.image_side_error("output", height, width, self.max_side_px, self.side_limit_reason)
+        if refused:
+            raise BadRequest(refused)
+        if height * width > self.settings.max_image_pixels:
             raise BadRequest(
                 f"output of {class_map.original_width}x{class_map.original_height} pixels is refused: "
                 f"the limit is {self.settings.max_image_pixels}"
@@ -71,6 +77,8 @@ class JpegSettings:
 
 class JpegHandler(ClassMapInput, SegserveHandler):
     content_type = "image/jpeg"
+    max_side_px = limits.JPEG_MAX_SIDE_PX  # encode_jpeg crashes the worker beyond it: refused here
+    side_limit_reason = "the JPEG encoder's limit"
 
     def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
         self.settings = s = parse_settings(JpegSettings, settings)
@@ -88,12 +96,15 @@ class JpegHandler(ClassMapInput, SegserveHandler):
         self.palette = torch.tensor(colours, dtype=torch.uint8, device=self.device)
 
     def colourise(self, class_map: classmap.ClassMap) -> torch.Tensor:
-        """uint8 [3, H, W] at the original size: nearest-neighbour labels, then palette lookup."""
+        """uint8 [3, H, W] at the original size: palette lookup at the map's size, then nearest-neighbour
+        upsampling. The same pixels as upsampling the labels first, without an int64 index per output pixel
+        (measured: 0.06 s instead of 0.30 s at 25 megapixels)."""
         labels = classmap.labels_for(class_map, self.device)
+        colours = self.palette[labels.long()].permute(2, 0, 1)
         size = (class_map.original_height, class_map.original_width)
-        if labels.shape != size:
-            labels = F.interpolate(labels[None, None], size=size, mode="nearest-exact")[0, 0]
-        return self.palette[labels.long()].permute(2, 0, 1).contiguous()
+        if tuple(labels.shape) != size:
+            colours = F.interpolate(colours[None], size=size, mode="nearest-exact")[0]
+        return colours.contiguous()
 
     @torch.inference_mode()
     def predict(self, items: list[classmap.ClassMap]) -> list[torch.Tensor]:

@@ -6,17 +6,20 @@ normalised). Answers a class map (see classmap.py): argmax is taken on the
 device, so only 1 byte per model pixel leaves the worker, never logits.
 """
 
+import io
 import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-from handlers import classmap
+from handlers import classmap, limits
 from handlers.base import BadRequest, SegserveHandler, entry_point
 from handlers.batching import StagingPool, Streams, view_bytes
 from handlers.segnet import DEFAULT_BACKBONE, MEAN_RGB, STD_RGB, SegNet
@@ -40,6 +43,12 @@ class SegmentationSettings:
     precision: str = "fp32"
     channels_last: bool = True
     max_image_pixels: int = 25_000_000
+    # NaN/Inf in a raw tensor body give a meaningless mask: refused with a 400 unless allowed here.
+    allow_non_finite: bool = False
+    # A JPEG at least twice the model's input size on both sides is decoded at 1/2, 1/4 or 1/8 scale
+    # (libjpeg's DCT scaling): the model needs only its input size, and a full decode of a 25-megapixel
+    # photo keeps its batch-mates waiting. false: always decode at full size.
+    reduced_jpeg_decode: bool = True
 
 
 class Decoded(NamedTuple):
@@ -82,6 +91,18 @@ def image_size(body: bytes) -> tuple[str, int, int] | None:
             return "jpeg", height, width
         pos += 2 + struct.unpack(">H", body[pos + 2 : pos + 4])[0]
     raise BadRequest("JPEG is truncated or corrupt: no frame header found")
+
+
+def decode_jpeg_reduced(body: bytes, min_height: int, min_width: int) -> torch.Tensor:
+    """uint8 [3, h, w] decoded at the smallest DCT scale (1/2 … 1/8) that keeps at least min_height × min_width:
+    a fraction of a full decode's time and memory. torchvision has no scaled decode; Pillow (torchvision's own
+    dependency) exposes libjpeg's through draft(). CMYK and other colour spaces are decoded at full size."""
+    with Image.open(io.BytesIO(body)) as image:
+        if image.mode not in ("RGB", "L"):
+            return decode_image(view_bytes(body), mode=ImageReadMode.RGB)
+        image.draft(image.mode, (min_width, min_height))  # picks a scale whose result is at least this size
+        pixels = np.array(image.convert("RGB"))  # a writable copy torch can own
+    return torch.from_numpy(pixels).permute(2, 0, 1)
 
 
 def load_network(path: Path, settings: SegmentationSettings) -> torch.nn.Module:
@@ -138,15 +159,14 @@ class SegmentationHandler(SegserveHandler):
         s = self.settings
         header = image_size(body)
         if header is None:
-            if len(body) != self.raw_nbytes:
-                raise BadRequest(
-                    f"expected a JPEG or PNG image, or a raw {s.raw_dtype} tensor of shape "
-                    f"[3, {s.input_height}, {s.input_width}] ({self.raw_nbytes} bytes); got {len(body)} bytes that are neither"
-                )
-            raw = view_bytes(body, self.raw_dtype).view(3, s.input_height, s.input_width)
-            return Decoded(raw, True, s.input_height, s.input_width)
+            return self.decode_raw(body)
         kind, height, width = header
-        if height * width > s.max_image_pixels or height == 0 or width == 0:
+        refused = limits.image_side_error(kind, height, width, limits.DECODER_MAX_SIDE_PX[kind], f"the {kind} decoder's limit") or (
+            limits.image_side_error(kind, height, width, limits.ANSWER_MAX_SIDE_PX, "the limit of a JPEG answer at the size sent")
+        )
+        if refused:
+            raise BadRequest(refused)
+        if height * width > s.max_image_pixels:
             raise BadRequest(f"{kind} of {width}x{height} pixels is refused: the limit is {s.max_image_pixels} pixels")
         data = view_bytes(body)
         try:
@@ -155,13 +175,28 @@ class SegmentationHandler(SegserveHandler):
                 # be a stream whose freed blocks other queued work may still read
                 with torch.cuda.stream(self.decode_stream):
                     image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+            elif kind == "jpeg" and s.reduced_jpeg_decode and height >= 2 * s.input_height and width >= 2 * s.input_width:
+                image = decode_jpeg_reduced(body, s.input_height, s.input_width)
             else:
                 image = decode_image(data, mode=ImageReadMode.RGB)
-        except RuntimeError as error:
-            raise BadRequest(f"could not decode the {kind} image: {error}") from None
+        except Exception as error:  # torchvision raises RuntimeError; Pillow OSError, SyntaxError, DecompressionBombError …
+            raise BadRequest(f"could not decode the {kind} image: {limits.codec_message(error)}") from None
         if image.dtype == torch.uint16:  # a 16-bit PNG: to the 0–255 scale the normalisation expects
             image = torch.div(image.to(torch.int32), 257, rounding_mode="floor").to(torch.uint8)
         return Decoded(image, False, height, width)
+
+    def decode_raw(self, body: bytes) -> Decoded:
+        s = self.settings
+        if len(body) != self.raw_nbytes:
+            raise BadRequest(
+                f"expected a JPEG or PNG image, or a raw {s.raw_dtype} tensor of shape "
+                f"[3, {s.input_height}, {s.input_width}] ({self.raw_nbytes} bytes); got {len(body)} bytes that are neither"
+            )
+        raw = view_bytes(body, self.raw_dtype).view(3, s.input_height, s.input_width)
+        refused = None if s.allow_non_finite else limits.non_finite_error(raw)
+        if refused:
+            raise BadRequest(refused)
+        return Decoded(raw, True, s.input_height, s.input_width)
 
     def fill(self, slot: torch.Tensor, item: Decoded) -> None:
         """Write one request into its row of the batch buffer: resize if needed, normalise in place."""

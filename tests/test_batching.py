@@ -144,3 +144,11 @@ def test_raw_bodies_are_read_in_place_not_copied(tiny_weights):
     assert decoded.is_raw and decoded.pixels.data_ptr() == body_address
     body[:2] = b"\x00\x3c"  # 1.0 in float16, written through the body: the view sees it
     assert float(decoded.pixels[0, 0, 0]) == 1.0
+
+
+def test_handle_passes_torchserves_bytearray_bodies_to_decode_uncopied():
+    from handlers.base import request_body
+
+    body = bytearray(b"\x89PNG not really")
+    assert request_body({"body": body}) is body
+    assert request_body({"data": body, "body": b"other"}) is body

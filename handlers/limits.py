@@ -1,0 +1,47 @@
+"""What each codec can handle, in one place: every node refuses more with a 400 that names the limit.
+
+These are limits of the libraries, not settings: beyond them a codec fails, and some fail by
+crashing the worker instead of raising (torchvision 0.29's encode_jpeg dies with SIGSEGV on a side
+over 65,500 px), which would take the request's batch-mates down with it. The operator's own,
+lower limits (max_image_pixels) are settings of each node.
+"""
+
+import re
+
+import torch
+
+# libjpeg(-turbo)'s JPEG_MAX_DIMENSION: the largest side a JPEG can be decoded or encoded at.
+JPEG_MAX_SIDE_PX = 65_500
+# libpng's default user limit (png_set_user_limits) on either side of a decoded PNG.
+PNG_MAX_SIDE_PX = 1_000_000
+# Every segserve DAG answers a JPEG at the size the client sent (the JPEG node encodes it), so an image
+# whose side the JPEG encoder cannot write is refused where it enters, before any node spends time on it.
+ANSWER_MAX_SIDE_PX = JPEG_MAX_SIDE_PX
+DECODER_MAX_SIDE_PX = {"jpeg": JPEG_MAX_SIDE_PX, "png": PNG_MAX_SIDE_PX}
+
+# "decode_jpeg, /__w/vision/.../decode_jpeg.cpp:171, Image is incomplete" → "Image is incomplete"
+_SOURCE_LOCATION = re.compile(r"^(?:[\w:()]+, )?\S+\.(?:cpp|cc|h|hpp|cu):\d+, ")
+
+
+def image_side_error(kind: str, height: int, width: int, max_side_px: int, limit_name: str) -> str | None:
+    """The message refusing an image of `kind` with a side over `max_side_px` (or an empty side), else None."""
+    if height == 0 or width == 0:
+        return f"{kind} of {width}x{height} pixels is refused: it has no pixels"
+    if max(height, width) > max_side_px:
+        return f"{kind} of {width}x{height} pixels is refused: {limit_name} is {max_side_px} pixels per side"
+    return None
+
+
+def non_finite_error(tensor: torch.Tensor) -> str | None:
+    """The message refusing a raw tensor holding NaN or ±Inf (the model would answer a meaningless mask), else None."""
+    finite = torch.isfinite(tensor)
+    if bool(finite.all()):
+        return None
+    bad = finite.numel() - int(finite.sum())
+    return f"raw tensor has {bad} non-finite value(s) (NaN or Inf) of {finite.numel()}: send finite, normalised values"
+
+
+def codec_message(error: Exception) -> str:
+    """A codec's error without the library's source path and line (torchvision prefixes both)."""
+    lines = [line for line in str(error).splitlines() if line.strip() and not line.startswith("Exception raised from")]
+    return _SOURCE_LOCATION.sub("", lines[0] if lines else type(error).__name__).strip()

@@ -1,0 +1,195 @@
+"""Every node refuses what its codecs cannot handle with a 400 naming the limit, and no row takes its batch-mates down.
+
+The boundary inputs run in a child process: before these limits, a side over 65,500 px crashed the
+worker (torchvision's encode_jpeg, SIGSEGV), which a test in this process could not survive.
+"""
+
+import json
+import multiprocessing
+import queue
+import struct
+import time
+import zipfile
+
+import pytest
+import torch
+from torchvision.io import decode_jpeg, encode_jpeg, encode_png
+
+from handlers import classmap, limits
+from handlers.base import SegserveHandler
+from handlers.jpeg import JpegHandler
+from handlers.pipeline import PipelineHandler
+from handlers.segmentation import SegmentationHandler
+from segserve.synthetic import make_sample
+from tests.conftest import make_context, status_of, with_rows
+
+RAW_SHAPE = (3, 256, 448)
+
+
+def run(handler, bodies):
+    context = with_rows(make_context(None, {}), len(bodies))
+    out = handler.handle([{"body": b} for b in bodies], context)
+    return out, [status_of(context, i) for i in range(len(bodies))]
+
+
+def png_of(height: int, width: int) -> bytes:
+    return encode_png(torch.full((3, height, width), 200, dtype=torch.uint8)).numpy().tobytes()
+
+
+def small_png(seed=3) -> bytes:
+    return encode_png(make_sample(seed, 100, 150)[0]).numpy().tobytes()
+
+
+def in_child(function, *args, timeout_s: float = 180):
+    """function(*args) in a fresh process: (its result, None), or (None, why) when the child died or hung."""
+    context = multiprocessing.get_context("spawn")
+    answers = context.Queue()
+    child = context.Process(target=_answer, args=(answers, function, args))
+    child.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                return answers.get(timeout=0.5), None
+            except queue.Empty:
+                if not child.is_alive():
+                    return None, f"the child process died (exit code {child.exitcode})"
+        return None, f"no answer in {timeout_s:.0f} s"
+    finally:
+        child.kill()
+        child.join()
+
+
+def _answer(answers, function, args):
+    answers.put(function(*args))
+
+
+@pytest.fixture(scope="module")
+def fused_dir(model_store, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fused")
+    with zipfile.ZipFile(model_store / "seg_jpeg_fused.mar") as archive:
+        archive.extractall(folder)
+    return folder
+
+
+def fused_statuses(model_dir, bodies: list[bytes]) -> tuple[list[int], list[bytes]]:
+    handler = PipelineHandler()
+    handler.initialize(make_context(model_dir, {"spec": "seg_jpeg.yaml"}, "seg.pt"))
+    out, statuses = run(handler, bodies)
+    return statuses, out
+
+
+def jpeg_node_statuses(bodies: list[bytes]) -> tuple[list[int], list[bytes]]:
+    handler = JpegHandler()
+    handler.initialize(make_context(None, {}))
+    out, statuses = run(handler, bodies)
+    return statuses, out
+
+
+def test_fused_pipeline_answers_65500_px_sides_and_refuses_65501_its_batch_mates_served(fused_dir):
+    good = small_png()
+    bodies = [good, png_of(1, 65_500), png_of(65_501, 1), png_of(4, 70_000), good]
+    result, crashed = in_child(fused_statuses, fused_dir, bodies)
+    assert crashed is None, crashed
+    statuses, out = result
+    assert statuses == [200, 200, 400, 400, 200]
+    assert decode_jpeg(torch.frombuffer(bytearray(out[1]), dtype=torch.uint8)).shape == (3, 1, 65_500)
+    assert json.loads(out[2])["error"] == (
+        "png of 1x65501 pixels is refused: the limit of a JPEG answer at the size sent is 65500 pixels per side"
+    )
+    assert "70000x4 pixels is refused" in json.loads(out[3])["error"]
+
+
+def test_jpeg_node_refuses_class_maps_claiming_sides_its_encoder_cannot_write():
+    labels = torch.ones(4, 4, dtype=torch.uint8)
+    bodies = [classmap.pack(labels, 2, 1, 65_500), classmap.pack(labels, 2, 65_501, 1), classmap.pack(labels, 2, 8, 8)]
+    result, crashed = in_child(jpeg_node_statuses, bodies)
+    assert crashed is None, crashed
+    statuses, out = result
+    assert statuses == [200, 400, 200]
+    assert json.loads(out[1])["error"] == "output of 1x65501 pixels is refused: the JPEG encoder's limit is 65500 pixels per side"
+
+
+@pytest.fixture(scope="module")
+def seg(tiny_weights):
+    handler = SegmentationHandler()
+    handler.initialize(make_context(tiny_weights.parent, {}, tiny_weights.name))
+    return handler
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), float("-inf")])
+def test_a_raw_tensor_with_non_finite_values_is_refused(seg, poison):
+    raw = torch.zeros(RAW_SHAPE, dtype=torch.float16)
+    raw[1, 5, 7] = poison
+    out, statuses = run(seg, [raw.numpy().tobytes(), torch.zeros(RAW_SHAPE, dtype=torch.float16).numpy().tobytes()])
+    assert statuses == [400, 200]
+    assert json.loads(out[0])["error"].startswith("raw tensor has 1 non-finite value(s) (NaN or Inf) of 344064")
+
+
+def test_non_finite_raw_values_pass_when_allowed(tiny_weights):
+    handler = SegmentationHandler()
+    handler.initialize(make_context(tiny_weights.parent, {"allow_non_finite": True}, tiny_weights.name))
+    _, statuses = run(handler, [torch.full(RAW_SHAPE, float("nan"), dtype=torch.float16).numpy().tobytes()])
+    assert statuses == [200]
+
+
+def test_a_png_header_claiming_a_side_over_the_png_decoders_limit_is_refused(seg):
+    ihdr = struct.pack(">II", limits.PNG_MAX_SIDE_PX + 1, 1) + b"\x08\x02\x00\x00\x00"
+    header_only = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + b"\x00" * 4
+    out, statuses = run(seg, [header_only])
+    assert statuses == [400]
+    assert "the png decoder's limit is 1000000 pixels per side" in json.loads(out[0])["error"]
+
+
+def test_decoder_errors_do_not_show_the_librarys_source_path(seg):
+    whole = encode_jpeg(make_sample(4, 64, 64)[0]).numpy().tobytes()
+    out, statuses = run(seg, [whole[: len(whole) // 2]])
+    message = json.loads(out[0])["error"]
+    assert statuses == [400]
+    assert message == "could not decode the jpeg image: Image is incomplete or truncated"
+
+
+def test_a_large_jpeg_is_decoded_at_reduced_scale_with_the_same_labels(tiny_weights, seg):
+    big = torch.nn.functional.interpolate(make_sample(5, 256, 448)[0][None].float(), size=(2048, 3584), mode="nearest")[0]
+    body = encode_jpeg(big.to(torch.uint8), quality=95).numpy().tobytes()
+    reduced = seg.decode(body)
+    assert reduced.pixels.shape == (3, 256, 448) and (reduced.original_height, reduced.original_width) == (2048, 3584)
+    full = SegmentationHandler()
+    full.initialize(make_context(tiny_weights.parent, {"reduced_jpeg_decode": False}, tiny_weights.name))
+    assert full.decode(body).pixels.shape == (3, 2048, 3584)
+    a, b = classmap.unpack(run(seg, [body])[0][0]), classmap.unpack(run(full, [body])[0][0])
+    assert (a.labels == b.labels).float().mean() > 0.99
+
+
+class Flaky(SegserveHandler):
+    """A handler whose hooks fail on marked rows with errors that are not BadRequest (a bug, a codec surprise)."""
+
+    def load(self, model_dir, settings, manifest):
+        pass
+
+    def decode(self, body):
+        if body == b"decode-bug":
+            raise KeyError("oops")
+        return body
+
+    def predict(self, items):
+        if b"predict-bug" in items:
+            raise RuntimeError("the batch broke")
+        return items
+
+    def encode(self, result):
+        if result == b"encode-bug":
+            raise ValueError("cannot encode")
+        return b"ok:" + result
+
+
+@pytest.mark.parametrize("micro_batch_size, overlap", [(0, False), (2, True)])
+def test_a_row_that_breaks_a_hook_gets_its_own_500_and_its_batch_mates_are_served(micro_batch_size, overlap):
+    handler = Flaky()
+    handler.initialize(make_context(None, {"micro_batch_size": micro_batch_size, "overlap": overlap}))
+    bodies = [b"a", b"decode-bug", b"b", b"predict-bug", b"encode-bug", b"c"]
+    out, statuses = run(handler, bodies)
+    assert statuses == [200, 500, 200, 500, 500, 200]
+    assert [out[i] for i in (0, 2, 5)] == [b"ok:a", b"ok:b", b"ok:c"]
+    assert json.loads(out[3])["error"] == "internal error while predicting this request: RuntimeError: the batch broke"
+    assert json.loads(out[1])["error"].startswith("internal error while decoding this request: KeyError")
