@@ -33,6 +33,17 @@ def voc_palette(size: int = 256) -> list[list[int]]:
     return palette
 
 
+def upstream_error(body: bytes) -> str:
+    """The message of an upstream node's {"error": "..."} body; anything else that starts like one is named as such."""
+    try:
+        message = json.loads(body)["error"]
+    except (ValueError, KeyError, TypeError):  # not UTF-8, not JSON, not an object with "error"
+        message = None
+    if isinstance(message, str):
+        return message
+    return f"expected a segserve class map or an upstream node's error, got {len(body)} bytes starting {bytes(body[:16])!r}"
+
+
 class ClassMapInput:
     """Decoding for nodes whose input is a class map: the JPEG and the areas node."""
 
@@ -43,7 +54,7 @@ class ClassMapInput:
         if body.startswith(UPSTREAM_ERROR_PREFIX):
             # In a TorchServe 0.12 workflow the previous node's 400 body arrives here as input:
             # pass its message on instead of complaining about the bytes.
-            raise BadRequest(json.loads(body)["error"])
+            raise BadRequest(upstream_error(body))
         try:
             class_map = classmap.unpack(body)
         except ValueError as error:

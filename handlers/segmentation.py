@@ -93,6 +93,19 @@ def image_size(body: bytes) -> tuple[str, int, int] | None:
     raise BadRequest("JPEG is truncated or corrupt: no frame header found")
 
 
+def decode_png(body: bytes) -> torch.Tensor:
+    """uint8 [3, h, w] from any PNG (grey, palette, alpha dropped as torchvision drops it, 1–16 bits, interlaced,
+    an APNG's first frame), with Pillow. Not torchvision 0.29's decode_png: any error libpng reports while
+    reading the pixels (a bad CRC, a bad filter byte, a short or corrupt zlib stream) crashes the worker
+    with SIGSEGV instead of raising, measured with 155-byte inputs the fuzzer found (tests/fuzz_corpus/)."""
+    with Image.open(io.BytesIO(body), formats=["PNG"]) as image:
+        if image.mode.startswith("I"):  # 16-bit grey ("I;16", "I"): to the 0–255 scale the normalisation expects
+            grey = torch.from_numpy(np.array(image).astype(np.int32)) // 257
+            return grey.clamp(0, 255).to(torch.uint8).expand(3, -1, -1)
+        pixels = np.array(image.convert("RGB"))  # 16-bit colour: Pillow keeps the high byte (value // 256)
+    return torch.from_numpy(pixels).permute(2, 0, 1)
+
+
 def decode_jpeg_reduced(body: bytes, min_height: int, min_width: int) -> torch.Tensor:
     """uint8 [3, h, w] decoded at the smallest DCT scale (1/2 … 1/8) that keeps at least min_height × min_width:
     a fraction of a full decode's time and memory. torchvision has no scaled decode; Pillow (torchvision's own
@@ -177,12 +190,12 @@ class SegmentationHandler(SegserveHandler):
                     image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
             elif kind == "jpeg" and s.reduced_jpeg_decode and height >= 2 * s.input_height and width >= 2 * s.input_width:
                 image = decode_jpeg_reduced(body, s.input_height, s.input_width)
-            else:
+            elif kind == "jpeg":
                 image = decode_image(data, mode=ImageReadMode.RGB)
+            else:
+                image = decode_png(body)
         except Exception as error:  # torchvision raises RuntimeError; Pillow OSError, SyntaxError, DecompressionBombError …
             raise BadRequest(f"could not decode the {kind} image: {limits.codec_message(error)}") from None
-        if image.dtype == torch.uint16:  # a 16-bit PNG: to the 0–255 scale the normalisation expects
-            image = torch.div(image.to(torch.int32), 257, rounding_mode="floor").to(torch.uint8)
         return Decoded(image, False, height, width)
 
     def decode_raw(self, body: bytes) -> Decoded:

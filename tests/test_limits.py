@@ -193,3 +193,54 @@ def test_a_row_that_breaks_a_hook_gets_its_own_500_and_its_batch_mates_are_serve
     assert [out[i] for i in (0, 2, 5)] == [b"ok:a", b"ok:b", b"ok:c"]
     assert json.loads(out[3])["error"] == "internal error while predicting this request: RuntimeError: the batch broke"
     assert json.loads(out[1])["error"].startswith("internal error while decoding this request: KeyError")
+
+
+@pytest.mark.parametrize("body", [b'{"error": ', b'{"error": }', b'{"error": "\xff\xfe"}', b'{"error": 5}'])
+def test_a_body_that_only_looks_like_an_upstream_error_is_refused_with_a_400(body):
+    handler = JpegHandler()
+    handler.initialize(make_context(None, {}))
+    out, statuses = run(handler, [body, classmap.pack(torch.ones(4, 4, dtype=torch.uint8), 2, 8, 8)])
+    assert statuses == [400, 200]
+    assert json.loads(out[0])["error"].startswith("expected a segserve class map or an upstream node's error, got ")
+
+
+def corrupt_pngs() -> dict[str, bytes]:
+    """PNGs whose pixel data libpng rejects: each crashed torchvision 0.29's decode_png (SIGSEGV)."""
+    import zlib
+
+    png = bytearray(encode_png(make_sample(8, 13, 7)[0]).numpy().tobytes())
+    at = png.index(b"IDAT")
+    length = struct.unpack(">I", png[at - 4 : at])[0]
+
+    def with_idat(data: bytes) -> bytes:
+        chunk = struct.pack(">I", len(data)) + b"IDAT" + data + struct.pack(">I", zlib.crc32(b"IDAT" + data))
+        return bytes(png[: at - 4] + chunk + png[at + 8 + length :])
+
+    bad_crc = bytearray(png)
+    bad_crc[at + 4 + length] ^= 0xFF
+    rows = bytearray(zlib.decompress(bytes(png[at + 4 : at + 4 + length])))
+    rows[0] = 9  # filter types are 0–4
+    return {
+        "bad CRC": bytes(bad_crc),
+        "bad filter byte": with_idat(zlib.compress(bytes(rows))),
+        "too little data": with_idat(zlib.compress(b"\x00" * 10)),
+        "corrupt zlib stream": with_idat(b"\x78\x9c" + b"\x55" * 40),
+    }
+
+
+def seg_statuses(weights, bodies: list[bytes]) -> tuple[list[int], list[bytes]]:
+    handler = SegmentationHandler()
+    handler.initialize(make_context(weights.parent, {}, weights.name))
+    out, statuses = run(handler, bodies)
+    return statuses, out
+
+
+def test_pngs_whose_pixels_libpng_rejects_are_refused_not_crashing_the_worker(tiny_weights):
+    good = small_png()
+    bodies = [good, *corrupt_pngs().values(), good]
+    result, crashed = in_child(seg_statuses, tiny_weights, bodies)
+    assert crashed is None, crashed
+    statuses, out = result
+    # The pixels behind a wrong IDAT CRC are intact: Pillow, like browsers, does not check it and decodes them.
+    assert statuses == [200, 200, 400, 400, 400, 200]
+    assert all(json.loads(body)["error"].startswith("could not decode the png image: ") for body in out[2:-1])
