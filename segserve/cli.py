@@ -70,7 +70,8 @@ def cmd_build(args) -> int:
 def cmd_serve(args) -> int:
     server = _server(args)
     if args.stop:
-        print("TorchServe stopped" if server.stop() else f"no TorchServe running from {server.run_dir}")
+        stopped = server.stop()
+        print(f"TorchServe stopped from {server.run_dir}: {stopped}" if stopped else f"no TorchServe running from {server.run_dir}")
         return 0
     start_pipeline(server)
     print(f"serving /wfpredict/seg_jpeg and /predictions/seg_jpeg_fused at {server.url('inference')}; stop with `segserve serve --stop`")

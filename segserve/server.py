@@ -3,22 +3,25 @@
 Each instance has its own run folder, used as the server's working directory
 (key_file.json and logs/ land there) and as TMPDIR (TorchServe's pid file),
 and its own ports and worker-socket range, so several can run side by side.
-The server runs in its own process group, which `stop()` ends; nothing is
-ever killed by name.
+The server runs in its own process group. Its processes are found by the run
+folder in their environment (segserve/processes.py), not by a pid file, so
+`stop()` ends them even when the launcher is gone; nothing is ever killed by name.
 """
 
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
+from segserve import processes
 from segserve.build import tool
-from segserve.errors import RuntimeFailure
+from segserve.errors import RuntimeFailure, UsageError
 from segserve.http import Response, request
 
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
@@ -56,7 +59,7 @@ def loopback_ports(port_base: int | None) -> dict[str, str]:
     """HTTP addresses on 127.0.0.1 at port_base, +1, +2 and gRPC ports at +3, +4 (free ports when None).
 
     Free ports are chosen here and bound by TorchServe a moment later: another process
-    could take one in between, which start() then reports with the log tail.
+    could take one in between, which start() then reports.
 
     gRPC is listed because TorchServe always opens it (7070/7071 by default), which
     would collide between instances.
@@ -84,6 +87,10 @@ class TorchServe:
     config_overrides: dict[str, str] = field(default_factory=dict)  # more config.properties keys
     env: dict[str, str] = field(default_factory=dict)  # extra environment (workers inherit it), e.g. OMP_NUM_THREADS
     core_plan: Path | None = None  # a core plan YAML (segserve/pinning.py)
+    # Each log file under logs/ (torchserve.out and TorchServe's log4j files) rotates at this size,
+    # keeping this many older files: at most (kept + 1) × max_bytes each.
+    log_file_max_bytes: int = 10 * 2**20
+    log_files_kept: int = 3
 
     # Lifecycle ----------------------------------------------------------------
     @property
@@ -98,16 +105,33 @@ class TorchServe:
         return read_properties(self.config_path)[f"{api}_address"]
 
     def start(self, startup_timeout_s: float = 120, log=print) -> None:
-        if self.running_pid():
-            raise RuntimeFailure(f"TorchServe already runs from {self.run_dir} (pid {self.running_pid()}): stop it first")
+        running = processes.server_processes(self.run_dir)
+        if running and not {processes.role(p) for p in running} & {"frontend", "launcher"}:
+            # Workers outlive a killed frontend (kill -9 of Java leaves them waiting on their sockets): nothing
+            # can reach them any more, and they hold their worker sockets and core slots.
+            log(f"stopped what was left of a TorchServe whose frontend died: {processes.stop(self.run_dir, 10)}")
+            running = []
+        if running:  # its key file and config are in use: leave them alone
+            address = read_properties(self.config_path).get("inference_address") if self.config_path.exists() else None
+            address = f" at {address}" if address else ""
+            raise RuntimeFailure(
+                f"TorchServe already runs from {self.run_dir}{address}: {processes.summary(running)}; "
+                f"stop it first with `segserve serve --stop --run-dir {self.run_dir}`"
+            )
+        if self.log_files_kept < 1 or self.log_file_max_bytes < 1:
+            raise UsageError(f"log_files_kept and log_file_max_bytes must be ≥ 1 (got {self.log_files_kept}, {self.log_file_max_bytes})")
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "logs").mkdir(exist_ok=True)
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
         overrides = dict(self.config_overrides)
         if self.free_ports or self.port_base:  # a second instance: move every port it opens
             overrides.update(loopback_ports(None if self.free_ports else self.port_base))
             overrides["initial_worker_port"] = str(free_worker_port_base())
         render_config(self.config_template, self.config_path, overrides)
+        self._check_ports()
         self.key_file.unlink(missing_ok=True)  # a stale key file would pass the health check below
+        log_config = self.run_dir / "log4j2.xml"
+        log_config.write_text(processes.log4j2_xml(logs.resolve(), self.log_file_max_bytes, self.log_files_kept))
         store = str(self.model_store.resolve())
         command = [
             tool("torchserve"),
@@ -120,6 +144,8 @@ class TorchServe:
             store,
             "--ts-config",
             str(self.config_path),
+            "--log-config",
+            str(log_config),
         ]
         log("$ " + " ".join(command))
         plan = None
@@ -135,16 +161,27 @@ class TorchServe:
             **os.environ,
             **self.env,
             "TMPDIR": str(self.run_dir / "tmp"),
-            "LOG_LOCATION": str(self.run_dir / "logs"),
-            "METRICS_LOCATION": str(self.run_dir / "logs"),
+            "LOG_LOCATION": str(logs),
+            "METRICS_LOCATION": str(logs),
+            processes.MARKER: str(self.run_dir.resolve()),  # inherited by Java and every worker: how stop() finds them
         }
-        with open(self.run_dir / "logs" / "torchserve.out", "ab") as out:
-            process = subprocess.Popen(command, cwd=self.run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.pid_path.write_text(str(process.pid))
+        sizes = _sizes(logs)
+        # The capture process leads a new session and process group; the launcher, Java and the workers join it.
+        capture = [sys.executable, "-m", "segserve.processes", "capture", str(logs / "torchserve.out")]
+        capture_process = subprocess.Popen(
+            [*capture, str(self.log_file_max_bytes), str(self.log_files_kept), *command],
+            cwd=self.run_dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.pid_path.write_text(str(capture_process.pid))  # for people and scripts; segserve finds the server by its processes
         deadline = time.monotonic() + startup_timeout_s
         while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeFailure(f"TorchServe exited with code {process.returncode} while starting:\n{self.log_tail()}")
+            if capture_process.poll() is not None:
+                raise self._startup_failure(capture_process.returncode, sizes)
             try:
                 # /ping needs the inference key too, which exists once the frontend is up.
                 if (
@@ -162,38 +199,53 @@ class TorchServe:
                 pass
             time.sleep(0.5)
         self.stop()
-        raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail()}")
+        raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail(20)}")
+
+    def ports(self) -> list[tuple[str, str, int]]:
+        """(config key, host, port) of each TCP port the server listens on, from run_dir/config.properties."""
+        config = read_properties(self.config_path)
+        found = []
+        for key, default in zip(ADDRESS_KEYS, ("http://127.0.0.1:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"), strict=True):
+            address = urlsplit(config.get(key, default))
+            if address.port:
+                found.append((key, address.hostname or "0.0.0.0", address.port))
+        if config.get("enable_grpc", "true").lower() != "false":
+            for api, default_port in (("inference", 7070), ("management", 7071)):
+                host = config.get(f"grpc_{api}_address", "0.0.0.0")
+                found.append((f"grpc_{api}_port", host, int(config.get(f"grpc_{api}_port", default_port))))
+        return found
+
+    def _check_ports(self) -> None:
+        for key, host, port in self.ports():
+            holder = processes.port_holder(host, port)
+            if holder:
+                raise RuntimeFailure(
+                    f"port {port} ({key} in {self.config_path}) is taken by {holder}: stop it, or choose other ports with --port-base N"
+                )
+
+    def _startup_failure(self, code: int, sizes: dict[Path, int]) -> RuntimeFailure:
+        """One line for a port taken while TorchServe started; the log tail for anything else."""
+        added = _added_text(sizes)
+        if "Address already in use" in added:
+            try:
+                self._check_ports()
+            except RuntimeFailure as taken:
+                return taken
+            where = re.search(r"Failed to bind to address: (\S+)", added)
+            where = where.group(1) if where else "one of ports " + ", ".join(str(port) for _, _, port in self.ports())
+            return RuntimeFailure(f"TorchServe could not listen on {where}: Address already in use (free again now)")
+        return RuntimeFailure(f"TorchServe exited with code {code} while starting:\n{self.log_tail(15)}")
 
     def running_pid(self) -> int | None:
-        """The recorded pid if that process is alive and is a TorchServe (guards against pid reuse)."""
-        try:
-            pid = int(self.pid_path.read_text())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError):
-            return None
-        return pid if b"torchserve" in cmdline else None
+        """The server's process group (the pid of the process that leads it) while any of its processes lives."""
+        return processes.process_group(processes.server_processes(self.run_dir))
 
-    def stop(self, timeout_s: float = 30) -> bool:
-        """End the server's process group (frontend and workers); False if it was not running."""
-        pid = self.running_pid()
+    def stop(self, timeout_s: float = 30) -> str:
+        """End every process of this run folder (launcher, frontend, workers, output capture); what it stopped,
+        e.g. "frontend pid 12, 3 workers (process group 9)", or "" when nothing ran."""
+        stopped = processes.stop(self.run_dir, timeout_s)
         self.pid_path.unlink(missing_ok=True)
-        if pid is None:
-            return False
-        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and _group_alive(pid):
-                try:
-                    os.waitpid(pid, os.WNOHANG)  # reap it if we are its parent
-                except ChildProcessError:
-                    pass
-                time.sleep(0.2)
-            if not _group_alive(pid):
-                break
-        return True
+        return stopped
 
     def log_tail(self, lines: int = 40) -> str:
         chunks = []
@@ -257,11 +309,8 @@ class TorchServe:
             self._expect_ok(response, f"unregistering {kind[:-1]} {name}")
 
     def process_ids(self) -> list[int]:
-        """The torchserve launcher, the Java frontend and every worker: the server's process group."""
-        pid = self.running_pid()
-        if pid is None:
-            return []
-        return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _is_live_member(p, pid)]
+        """The output capture, the torchserve launcher, the Java frontend and every worker."""
+        return sorted(p.pid for p in processes.server_processes(self.run_dir))
 
     def describe(self, model: str) -> dict:
         return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]
@@ -282,18 +331,14 @@ class TorchServe:
         return response
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    # A group of zombies only: nothing left to wait for.
-    return any(_is_live_member(p, pgid) for p in Path("/proc").iterdir() if p.name.isdigit())
+def _sizes(logs: Path) -> dict[Path, int]:
+    return {path: path.stat().st_size if path.exists() else 0 for path in (logs / "torchserve.out", logs / "ts_log.log")}
 
 
-def _is_live_member(proc: Path, pgid: int) -> bool:
-    try:
-        fields = re.sub(r"^.*\) ", "", (proc / "stat").read_text()).split()
-    except OSError:
-        return False
-    return fields[0] != "Z" and int(fields[2]) == pgid
+def _added_text(sizes: dict[Path, int]) -> str:
+    """What was written to these logs since `sizes` was taken (all of a file that rotated meanwhile)."""
+    text = ""
+    for path, size in sizes.items():
+        data = path.read_bytes() if path.exists() else b""
+        text += (data[size:] if len(data) >= size else data).decode(errors="replace")
+    return text
