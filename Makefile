@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-numactl build run bench test lint gpu-check clean
+.PHONY: setup setup-numactl build run bench test lint fuzz chaos mix gpu-check clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,20 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest
+
+# Hostile inputs against every handler's input path, each in a child process, for 15 minutes (`make test`
+# runs a bounded 2-minute version); new crashing inputs are saved to tests/fuzz_corpus/.
+fuzz: setup
+	$(BIN)/python -m segserve.fuzz --seconds 900 --save-crashes
+
+# Under load: kill -9 a worker of every model and then the frontend, restart with `segserve serve`, rescale,
+# send the fuzz corpus; prints requests sent / 2xx / 4xx / 5xx / unanswered and restart times (about 2 minutes).
+chaos: build
+	$(BIN)/python -m segserve.chaos
+
+# Small-request latency with and without 25-megapixel JPEGs arriving (about 4 minutes).
+mix: build
+	$(BIN)/python -m segserve.bench.mix
 
 # On a machine with CUDA, unattended (< 5 min): the GPU tests (pinned buffers, streams and events,
 # nvJPEG decode/encode, the handlers on the device), then a short GPU benchmark that prints
