@@ -11,6 +11,7 @@ from pathlib import Path
 from segserve.errors import RuntimeFailure, UsageError
 
 DEFAULT_RUN_DIR = Path(".segserve")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 def _server(args):
@@ -81,10 +82,17 @@ def cmd_serve(args) -> int:
 def cmd_predict(args) -> int:
     from segserve.predict import predict
 
-    images = [Path(p) for p in args.images]
-    missing = [str(p) for p in images if not p.is_file()]
-    if missing:
-        raise UsageError(f"no such image: {', '.join(missing)}")
+    images = []
+    for given in map(Path, args.images):
+        if given.is_dir():  # a folder: the images in it, as a user means by `segserve predict photos/`
+            found = sorted(p for p in given.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise UsageError(f"{given} is a folder without {'/'.join(IMAGE_SUFFIXES)} files")
+            images += found
+        elif given.is_file():
+            images.append(given)
+        else:
+            raise UsageError(f"no such image or folder: {given}")
     server = _server(args)
     failed = predict(server.url("inference"), server.token("inference"), images, Path(args.out), args.target)
     if failed:
@@ -188,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("predict", parents=[common], help="send images through the pipeline, save the JPEGs")
-    p.add_argument("images", nargs="+")
+    p.add_argument("images", nargs="+", help="image files, or folders: their .jpg/.jpeg/.png files")
     p.add_argument("--out", required=True, help="folder for the returned files")
     p.add_argument("--target", default="seg_jpeg", choices=sorted(TARGETS))
     p.set_defaults(run=cmd_predict)

@@ -45,7 +45,23 @@ def test_token_prints_the_generated_key(server, capsys):
 
 def test_missing_image_is_a_usage_error(tmp_path, capsys):
     assert main(["predict", str(tmp_path / "nope.jpg"), "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.startswith("error: no such image:")
+    assert capsys.readouterr().err.startswith("error: no such image or folder:")
+
+
+@pytest.mark.integration
+def test_predict_takes_a_folder_of_images(server, tmp_path, capsys):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for image in sorted((ROOT / "samples").glob("*.jpg"))[:2]:
+        (folder / image.name.upper()).write_bytes(image.read_bytes())  # suffixes in any case
+    (folder / "notes.txt").write_text("not an image")
+    assert main(["predict", str(folder), "--out", str(tmp_path / "out"), *server_args(server)]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.stem + ".jpg" for p in folder.glob("*.JPG"))
+
+
+def test_a_folder_without_images_is_a_usage_error(tmp_path, capsys):
+    assert main(["predict", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path} is a folder without .jpg/.jpeg/.png files"
 
 
 def test_build_with_missing_weights_is_a_usage_error(tmp_path, capsys):
