@@ -46,11 +46,11 @@ def measure(server: TorchServe, path: str, small: list[bytes], large: bytes | No
     url, token = server.url("inference"), server.token("inference")
     results: dict[str, LoadResult] = {}
     threads = []
+    specs = {"small": LoadSpec(url, path, small, token, concurrency=args.concurrency, timeout_s=120)}
     if large is not None:
-        spec = LoadSpec(url, path, [large], token, concurrency=4, request_rate_rps=args.large_rps, timeout_s=120)
-        threads.append(threading.Thread(target=lambda: results.setdefault("large", run_load(spec, args.seconds))))
-    spec = LoadSpec(url, path, small, token, concurrency=args.concurrency, timeout_s=120)
-    threads.append(threading.Thread(target=lambda: results.setdefault("small", run_load(spec, args.seconds))))
+        specs["large"] = LoadSpec(url, path, [large], token, concurrency=4, request_rate_rps=args.large_rps, timeout_s=120)
+    for name, spec in specs.items():
+        threads.append(threading.Thread(target=lambda name=name, spec=spec: results.setdefault(name, run_load(spec, args.seconds))))
     for thread in threads:
         thread.start()
     for thread in threads:
