@@ -75,6 +75,8 @@ class Chaos:
     restarts_s: dict[str, float] = field(default_factory=dict)
     tallies: dict[str, Tally] = field(default_factory=lambda: {t: Tally() for t in TARGETS})
     hostile_misses: list[str] = field(default_factory=list)
+    hostile_refused: int = 0
+    hostile_served: list[str] = field(default_factory=list)  # corpus inputs that are valid after all
     results: list[tuple[str, LoadResult, float]] = field(default_factory=list)  # (target, its load, monotonic start)
 
     # Load ----------------------------------------------------------------------------------------------
@@ -177,7 +179,11 @@ class Chaos:
                         self.hostile_misses.append(f"{name} → {target}: no answer ({error})")
                         connection.close()
                         continue
-                    if not (refused(response.status, response.body) or (not must_refuse and response.status == 200)):
+                    if refused(response.status, response.body):
+                        self.hostile_refused += 1
+                    elif not must_refuse and response.status == 200:
+                        self.hostile_served.append(f"{name} → {target}")
+                    else:
                         self.hostile_misses.append(f"{name} → {target}: HTTP {response.status} {response.text()[:120]!r}")
         finally:
             connection.close()
@@ -289,6 +295,9 @@ def report(chaos: Chaos) -> bool:
     failed = sum(t.failed for t in chaos.tallies.values())
     unanswered = sum(t.unanswered for t in chaos.tallies.values())
     usable = all(t.ok > 0 for t in chaos.tallies.values())
+    print(f"hostile requests: {chaos.hostile_refused} refused, {len(chaos.hostile_served)} served as valid images (corpus only)")
+    for served in chaos.hostile_served:
+        print(f"  served: {served}")
     for miss in chaos.hostile_misses:
         print(f"hostile input not refused: {miss}")
     goal = failed == 0 and unanswered == 0 and not chaos.hostile_misses and usable
