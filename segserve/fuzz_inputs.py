@@ -210,14 +210,17 @@ def craft_png(rng: random.Random, bases: list[Input]) -> Input:
     return Input(f"{base.description} | {action}", bytes(body))
 
 
+JPEG_FRAME_EDITS = ("marker", "height", "width", "components", "precision", "sampling", "quant table", "truncate")
+
+
 def craft_jpeg(rng: random.Random, bases: list[Input]) -> Input:
     """A real JPEG with its frame header edited: SOF type (arithmetic C9/CA …), size, components, precision, sampling."""
     base = rng.choice(bases)
     body = bytearray(base.body)
     sof = next(i for i in range(2, len(body) - 9) if body[i] == 0xFF and body[i + 1] in JPEG_SOF)
     edits = []
-    for _ in range(rng.randint(1, 3)):
-        field = rng.choice(("marker", "height", "width", "components", "precision", "sampling", "quant table", "truncate"))
+    fields = [rng.choice(JPEG_FRAME_EDITS) for _ in range(rng.randint(1, 3))]
+    for field in sorted(fields, key=lambda f: f == "truncate"):  # truncation last: later edits index the frame header
         if field == "marker":
             body[sof + 1] = value = rng.choice(JPEG_SOF)
             edits.append(f"SOF marker {value:02X}")
