@@ -99,6 +99,6 @@ def test_a_bounded_fuzz_run_finds_no_crash_hang_or_bad_answer():
 @pytest.mark.parametrize("target", TARGETS)
 def test_input_generation_never_breaks_for_many_seeds(target):
     """The harness's own generators: a 10-minute run once stopped on an IndexError in craft_jpeg (seed 3)."""
-    for seed in range(6):
-        source = InputSource(target, seed, raw_nbytes=3 * 256 * 448 * 2)
+    for seed in range(6):  # with the corpus as extra seeds, as `segserve.fuzz` runs it
+        source = InputSource(target, seed, raw_nbytes=3 * 256 * 448 * 2, extra_seeds=read_corpus(CORPUS, target))
         assert all(isinstance(next(source).body, bytes) for _ in range(1500))
