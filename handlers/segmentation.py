@@ -177,6 +177,7 @@ class SegmentationHandler(SegserveHandler):
         refused = limits.image_side_error(kind, height, width, limits.DECODER_MAX_SIDE_PX[kind], f"the {kind} decoder's limit") or (
             limits.image_side_error(kind, height, width, limits.ANSWER_MAX_SIDE_PX, "the limit of a JPEG answer at the size sent")
         )
+        refused = refused or (limits.jpeg_scans_error(body) if kind == "jpeg" else None)
         if refused:
             raise BadRequest(refused)
         if height * width > s.max_image_pixels:

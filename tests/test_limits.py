@@ -244,3 +244,25 @@ def test_pngs_whose_pixels_libpng_rejects_are_refused_not_crashing_the_worker(ti
     # The pixels behind a wrong IDAT CRC are intact: Pillow, like browsers, does not check it and decodes them.
     assert statuses == [200, 200, 400, 400, 400, 200]
     assert all(json.loads(body)["error"].startswith("could not decode the png image: ") for body in out[2:-1])
+
+
+def jpeg_with_scans(scans: int) -> bytes:
+    """A valid progressive JPEG whose smallest scan is repeated until it has `scans` scans (libjpeg warns, decodes)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(make_sample(9, 64, 96)[0].permute(1, 2, 0).numpy()).save(buffer, "JPEG", progressive=True)
+    body = buffer.getvalue()
+    starts = [i for i in range(len(body) - 1) if body[i : i + 2] == b"\xff\xda"] + [body.rindex(b"\xff\xd9")]
+    smallest = min((body[a:b] for a, b in zip(starts, starts[1:], strict=False)), key=len)
+    extra = scans - (len(starts) - 1)
+    assert extra >= 0
+    return body[: starts[-1]] + smallest * extra + body[starts[-1] :]
+
+
+def test_a_jpeg_of_100_scans_is_answered_and_of_101_refused(seg):
+    out, statuses = run(seg, [jpeg_with_scans(limits.JPEG_MAX_SCANS), jpeg_with_scans(limits.JPEG_MAX_SCANS + 1)])
+    assert statuses == [200, 400]
+    assert json.loads(out[1])["error"] == "jpeg of 101 scans is refused: the limit is 100 scans (encoders write 1 to about 20)"
