@@ -37,16 +37,20 @@ class AreasHandler(ClassMapInput, SegserveHandler):
 
 
 def areas(class_map: classmap.ClassMap) -> dict:
-    """Pixels per class at the map's resolution; boxes [x0, y0, x1, y1) scaled to the original image."""
-    labels = classmap.labels_for(class_map, torch.device("cpu"))  # one copy if on the GPU, then CPU counting
+    """Pixels per class at the map's resolution; boxes [x0, y0, x1, y1) scaled to the original image.
+    One pass over the pixels whatever the number of classes (a pass per class took 12 s on a 4000×4000 map)."""
+    labels = classmap.labels_for(class_map, torch.device("cpu")).long()  # one copy if on the GPU, then CPU counting
     height, width = labels.shape
-    counts = torch.bincount(labels.flatten().long(), minlength=class_map.num_classes).tolist()
+    counts = torch.bincount(labels.flatten(), minlength=class_map.num_classes).tolist()
+    in_row = torch.zeros(len(counts), height, dtype=torch.bool)
+    in_column = torch.zeros(len(counts), width, dtype=torch.bool)
+    in_row[labels, torch.arange(height)[:, None]] = True
+    in_column[labels, torch.arange(width)[None, :]] = True
     boxes = {}
     for label in range(len(counts)):
         if counts[label] == 0:
             continue
-        rows = (labels == label).any(dim=1).nonzero().flatten()
-        cols = (labels == label).any(dim=0).nonzero().flatten()
+        rows, cols = in_row[label].nonzero().flatten(), in_column[label].nonzero().flatten()
         x0, x1 = int(cols[0]), int(cols[-1]) + 1
         y0, y1 = int(rows[0]), int(rows[-1]) + 1
         scale_x, scale_y = class_map.original_width, class_map.original_height

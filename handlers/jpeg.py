@@ -59,6 +59,11 @@ class ClassMapInput:
             class_map = classmap.unpack(body)
         except ValueError as error:
             raise BadRequest(str(error)) from None
+        if class_map.num_classes == 0 or int(class_map.labels.max()) >= class_map.num_classes:
+            raise BadRequest(
+                f"class map declares {class_map.num_classes} classes but holds label {int(class_map.labels.max())}: "
+                "labels must be below the number of classes"
+            )
         height, width = class_map.original_height, class_map.original_width
         refused = self.max_side_px and limits.image_side_error("output", height, width, self.max_side_px, self.side_limit_reason)
         if refused:

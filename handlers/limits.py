@@ -22,6 +22,9 @@ DECODER_MAX_SIDE_PX = {"jpeg": JPEG_MAX_SIDE_PX, "png": PNG_MAX_SIDE_PX}
 # can be 39 bytes: 16 MiB of them kept a 25-megapixel decode busy for minutes (measured: 0.45 ms per extra
 # scan, so ~430,000 scans ≈ 190 s). Encoders write 1 (baseline) to about 10–20 (progressive) scans.
 JPEG_MAX_SCANS = 100
+# Segments (markers) in one JPEG: walking 4 million empty comment segments held a worker for a second.
+# Real files have tens (APPn, DQT, DHT per scan, up to 255 APP2 chunks of an ICC profile).
+JPEG_MAX_SEGMENTS = 1000
 
 # "decode_jpeg, /__w/vision/.../decode_jpeg.cpp:171, Image is incomplete" → "Image is incomplete"
 _SOURCE_LOCATION = re.compile(r"^(?:[\w:()]+, )?\S+\.(?:cpp|cc|h|hpp|cu):\d+, ")
@@ -36,13 +39,8 @@ def image_side_error(kind: str, height: int, width: int, max_side_px: int, limit
     return None
 
 
-def jpeg_scans_error(body: bytes) -> str | None:
-    """The message refusing a JPEG of more than JPEG_MAX_SCANS scans, else None. Start-of-scan markers (FF DA)
-    cannot occur inside entropy-coded data (a data FF is always followed by 00), so counting them is exact."""
-    scans = body.count(b"\xff\xda")
-    if scans > JPEG_MAX_SCANS:
-        return f"jpeg of {scans} scans is refused: the limit is {JPEG_MAX_SCANS} scans (encoders write 1 to about 20)"
-    return None
+def jpeg_scans_error(scans: int) -> str:
+    return f"jpeg of {scans} scans is refused: the limit is {JPEG_MAX_SCANS} scans (encoders write 1 to about 20)"
 
 
 def non_finite_error(tensor: torch.Tensor) -> str | None:

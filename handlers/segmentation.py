@@ -7,6 +7,7 @@ device, so only 1 byte per model pixel leaves the worker, never logits.
 """
 
 import io
+import re
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 JPEG_SOI = b"\xff\xd8"
 # Start-of-frame markers carry the image size; C4 (DHT), C8 (JPG) and CC (DAC) do not.
 JPEG_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+JPEG_FILL = re.compile(rb"\xff+")
+JPEG_NEXT_MARKER = re.compile(rb"\xff(?=[^\x00\xd0-\xd7])")  # in entropy-coded data FF is followed by 00 or RSTn
 
 
 @dataclass
@@ -67,7 +70,8 @@ class Staged(NamedTuple):
 
 
 def image_size(body: bytes) -> tuple[str, int, int] | None:
-    """(kind, height, width) read from a PNG or JPEG header without decoding; None if neither."""
+    """(kind, height, width) read from a PNG or JPEG header without decoding; None if neither. A JPEG's
+    segments are walked to its end, so one with more scans or segments than limits.py allows is refused here."""
     if body.startswith(PNG_SIGNATURE):
         if len(body) < 24 or body[12:16] != b"IHDR":
             raise BadRequest("PNG is truncated before its IHDR header")
@@ -75,22 +79,48 @@ def image_size(body: bytes) -> tuple[str, int, int] | None:
         return "png", height, width
     if not body.startswith(JPEG_SOI):
         return None
-    pos = 2
+    height, width = jpeg_frame(body)
+    return "jpeg", height, width
+
+
+def jpeg_frame(body: bytes) -> tuple[int, int]:
+    """(height, width) of a JPEG's frame header, after walking its segments from SOI to EOI (or its end).
+
+    Scans are counted here, where they are known to be scans: FF DA bytes also occur inside APPn payloads,
+    EXIF thumbnails and data after EOI. Every step that could repeat per byte runs in C (regular expressions),
+    so a 16 MiB body of fill bytes or stuffed entropy data costs milliseconds."""
+    size, pos, segments, scans = None, 2, 0, 0
     while pos + 4 <= len(body):
         if body[pos] != 0xFF:
-            raise BadRequest(f"JPEG is corrupt: expected a marker at byte {pos}")
-        marker = body[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
+            if size is None:
+                raise BadRequest(f"JPEG is corrupt: expected a marker at byte {pos}")
+            break  # after the frame header: the decoder reports what is wrong
+        pos = JPEG_FILL.match(body, pos).end() - 1  # FF FF … FF xx: fill bytes before the marker xx
+        marker = body[pos + 1] if pos + 1 < len(body) else 0xD9
+        segments += 1
+        if segments > limits.JPEG_MAX_SEGMENTS:
+            raise BadRequest(f"jpeg of more than {limits.JPEG_MAX_SEGMENTS} segments is refused (encoders write tens)")
+        if marker == 0xD9:  # EOI: anything after it is not the image
+            break
         if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
             pos += 2
             continue
-        if marker in JPEG_SOF_MARKERS and pos + 9 <= len(body):
-            height, width = struct.unpack(">HH", body[pos + 5 : pos + 9])
-            return "jpeg", height, width
+        if pos + 4 > len(body):
+            break
+        if marker in JPEG_SOF_MARKERS and size is None and pos + 9 <= len(body):
+            size = struct.unpack(">HH", body[pos + 5 : pos + 9])
         pos += 2 + struct.unpack(">H", body[pos + 2 : pos + 4])[0]
-    raise BadRequest("JPEG is truncated or corrupt: no frame header found")
+        if marker == 0xDA:
+            scans += 1
+            if scans > limits.JPEG_MAX_SCANS:
+                raise BadRequest(limits.jpeg_scans_error(scans))
+            found = JPEG_NEXT_MARKER.search(body, pos)  # past the entropy-coded data: FF 00 and restarts are inside it
+            if found is None:
+                break
+            pos = found.start()
+    if size is None:
+        raise BadRequest("JPEG is truncated or corrupt: no frame header found")
+    return size
 
 
 def decode_png(body: bytes) -> torch.Tensor:
@@ -110,7 +140,11 @@ def decode_jpeg_reduced(body: bytes, min_height: int, min_width: int) -> torch.T
     """uint8 [3, h, w] decoded at the smallest DCT scale (1/2 … 1/8) that keeps at least min_height × min_width:
     a fraction of a full decode's time and memory. torchvision has no scaled decode; Pillow (torchvision's own
     dependency) exposes libjpeg's through draft(). CMYK and other colour spaces are decoded at full size."""
-    with Image.open(io.BytesIO(body)) as image:
+    try:
+        image = Image.open(io.BytesIO(body), formats=["JPEG"])
+    except (OSError, SyntaxError):  # 12-bit, lossless …: torchvision decodes or names what it cannot
+        return decode_image(view_bytes(body), mode=ImageReadMode.RGB)
+    with image:
         if image.mode not in ("RGB", "L"):
             return decode_image(view_bytes(body), mode=ImageReadMode.RGB)
         image.draft(image.mode, (min_width, min_height))  # picks a scale whose result is at least this size
@@ -170,14 +204,18 @@ class SegmentationHandler(SegserveHandler):
 
     def decode(self, body: bytes) -> Decoded:
         s = self.settings
-        header = image_size(body)
+        try:
+            header = image_size(body)
+        except BadRequest:
+            if len(body) == self.raw_nbytes:  # a raw tensor whose first bytes happen to read as FF D8 or a PNG signature
+                return self.decode_raw(body)
+            raise
         if header is None:
             return self.decode_raw(body)
         kind, height, width = header
         refused = limits.image_side_error(kind, height, width, limits.DECODER_MAX_SIDE_PX[kind], f"the {kind} decoder's limit") or (
             limits.image_side_error(kind, height, width, limits.ANSWER_MAX_SIDE_PX, "the limit of a JPEG answer at the size sent")
         )
-        refused = refused or (limits.jpeg_scans_error(body) if kind == "jpeg" else None)
         if refused:
             raise BadRequest(refused)
         if height * width > s.max_image_pixels:

@@ -266,3 +266,51 @@ def test_a_jpeg_of_100_scans_is_answered_and_of_101_refused(seg):
     out, statuses = run(seg, [jpeg_with_scans(limits.JPEG_MAX_SCANS), jpeg_with_scans(limits.JPEG_MAX_SCANS + 1)])
     assert statuses == [200, 400]
     assert json.loads(out[1])["error"] == "jpeg of 101 scans is refused: the limit is 100 scans (encoders write 1 to about 20)"
+
+
+def small_jpeg() -> bytes:
+    return encode_jpeg(make_sample(10, 60, 100)[0]).numpy().tobytes()
+
+
+def test_ff_da_bytes_outside_scans_are_not_counted_as_scans(seg):
+    body = small_jpeg()
+    app9 = b"\xff\xe9" + (2 + 2 * 200).to_bytes(2, "big") + b"\xff\xda" * 200  # an application segment full of FF DA
+    after_eoi = b"\xff\xda" * 200  # e.g. a Motion Photo's video after the image
+    _, statuses = run(seg, [body[:2] + app9 + body[2:] + after_eoi])
+    assert statuses == [200]
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"\xff\xd8" + b"\xff\xfe\x00\x02" * 400_000, "jpeg of more than 1000 segments is refused (encoders write tens)"),
+        (b"\xff\xd8" + b"\xff\xd0" * 400_000, "jpeg of more than 1000 segments is refused (encoders write tens)"),
+        (b"\xff\xd8" + b"\xff" * 400_000, "JPEG is truncated or corrupt: no frame header found"),
+    ],
+)
+def test_jpeg_headers_built_to_keep_the_walker_busy_are_refused(seg, body, message):
+    out, statuses = run(seg, [body])
+    assert statuses == [400] and json.loads(out[0])["error"] == message
+
+
+def test_a_raw_float32_tensor_that_starts_like_a_jpeg_is_read_as_raw(tiny_weights):
+    handler = SegmentationHandler()
+    handler.initialize(make_context(tiny_weights.parent, {"raw_dtype": "float32"}, tiny_weights.name))
+    raw = torch.zeros(RAW_SHAPE, dtype=torch.float32)
+    raw.view(-1)[0] = struct.unpack("<f", b"\xff\xd8\x80\x3f")[0]  # 1.0066, a plausible normalised value
+    body = raw.numpy().tobytes()
+    assert body.startswith(b"\xff\xd8")
+    _, statuses = run(handler, [body])
+    assert statuses == [200]
+
+
+@pytest.mark.parametrize("classes, label", [(2, 200), (0, 0)])
+def test_a_class_map_with_labels_beyond_its_classes_is_refused(classes, label):
+    handler = JpegHandler()
+    handler.initialize(make_context(None, {}))
+    labels = torch.full((4, 4), label, dtype=torch.uint8)
+    out, statuses = run(handler, [classmap.pack(labels, classes, 8, 8), classmap.pack(labels * 0, 2, 8, 8)])
+    assert statuses == [400, 200]
+    assert json.loads(out[0])["error"] == (
+        f"class map declares {classes} classes but holds label {label}: labels must be below the number of classes"
+    )
