@@ -27,8 +27,12 @@ from segserve.errors import RuntimeFailure
 MARKER = "SEGSERVE_RUN_DIR"
 
 
-def server_processes(run_dir: Path) -> list[psutil.Process]:
-    """Live processes started for this run folder (zombies are dead already: they only wait to be reaped)."""
+def server_processes(run_dir: Path, ports: tuple[int, ...] = ()) -> list[psutil.Process]:
+    """Live processes started for this run folder (zombies are dead already: they only wait to be reaped).
+
+    By the marker in their environment; failing that, by `ports` (the run folder's config): a frontend
+    started from this folder runs in it and listens there, and its process group is the server's. That
+    finds a server whose environment cannot be read, or one started without the marker."""
     wanted = str(run_dir.resolve())
     found = []
     for process in psutil.process_iter():
@@ -39,7 +43,28 @@ def server_processes(run_dir: Path) -> list[psutil.Process]:
                 found.append(process)
         except psutil.Error:  # gone meanwhile, or another user's
             continue
-    return found
+    return found or _listening_from(wanted, ports)
+
+
+def _listening_from(run_dir: str, ports: tuple[int, ...]) -> list[psutil.Process]:
+    """The process groups of processes that listen on one of `ports` and run in `run_dir`."""
+    if not ports:
+        return []
+    try:
+        connections = psutil.net_connections("tcp")
+    except psutil.Error:
+        return []
+    groups = set()
+    for connection in connections:
+        if connection.status != psutil.CONN_LISTEN or not connection.pid or not connection.laddr or connection.laddr.port not in ports:
+            continue
+        try:
+            if psutil.Process(connection.pid).cwd() == run_dir and (group := _live_group(connection.pid)) is not None:
+                groups.add(group)
+        except psutil.Error:
+            continue
+    members = [pid for pid in psutil.pids() if pid != os.getpid() and _live_group(pid) in groups]
+    return [psutil.Process(pid) for pid in members if _live_group(pid) is not None]
 
 
 def role(process: psutil.Process) -> str:
@@ -72,10 +97,10 @@ def summary(processes: list[psutil.Process]) -> str:
     return f"{', '.join(parts)} (process group {process_group(processes)})"
 
 
-def stop(run_dir: Path, timeout_s: float) -> str:
-    """SIGTERM, then SIGKILL after timeout_s, every process of this run folder, by process group;
-    what was stopped, or "" when nothing ran."""
-    processes = server_processes(run_dir)
+def stop(run_dir: Path, timeout_s: float, ports: tuple[int, ...] = ()) -> str:
+    """SIGTERM, then SIGKILL after timeout_s, every process of this run folder (found as server_processes
+    finds them), by process group; what was stopped, or "" when nothing ran."""
+    processes = server_processes(run_dir, ports)
     if not processes:
         return ""
     stopped, signalled = summary(processes), set()
@@ -87,7 +112,7 @@ def stop(run_dir: Path, timeout_s: float) -> str:
             _signal([p for p in processes if p.pid not in signalled_now], sig)
             signalled_now.update(p.pid for p in processes)
             time.sleep(0.2)
-            processes = server_processes(run_dir)
+            processes = server_processes(run_dir, ports)
         signalled |= signalled_now
         if not processes:
             break

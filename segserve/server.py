@@ -105,11 +105,11 @@ class TorchServe:
         return read_properties(self.config_path)[f"{api}_address"]
 
     def start(self, startup_timeout_s: float = 120, log=print) -> None:
-        running = processes.server_processes(self.run_dir)
+        running = processes.server_processes(self.run_dir, self._own_ports())
         if running and not {processes.role(p) for p in running} & {"frontend", "launcher"}:
             # Workers outlive a killed frontend (kill -9 of Java leaves them waiting on their sockets): nothing
             # can reach them any more, and they hold their worker sockets and core slots.
-            log(f"stopped what was left of a TorchServe whose frontend died: {processes.stop(self.run_dir, 10)}")
+            log(f"stopped what was left of a TorchServe whose frontend died: {processes.stop(self.run_dir, 10, self._own_ports())}")
             running = []
         if running:  # its key file and config are in use: leave them alone
             address = read_properties(self.config_path).get("inference_address") if self.config_path.exists() else None
@@ -215,6 +215,10 @@ class TorchServe:
                 found.append((f"grpc_{api}_port", host, int(config.get(f"grpc_{api}_port", default_port))))
         return found
 
+    def _own_ports(self) -> tuple[int, ...]:
+        """The ports of the server last started from this run folder (its rendered config), if any."""
+        return tuple(port for _, _, port in self.ports()) if self.config_path.exists() else ()
+
     def _check_ports(self) -> None:
         for key, host, port in self.ports():
             holder = processes.port_holder(host, port)
@@ -238,12 +242,12 @@ class TorchServe:
 
     def running_pid(self) -> int | None:
         """The server's process group (the pid of the process that leads it) while any of its processes lives."""
-        return processes.process_group(processes.server_processes(self.run_dir))
+        return processes.process_group(processes.server_processes(self.run_dir, self._own_ports()))
 
     def stop(self, timeout_s: float = 30) -> str:
         """End every process of this run folder (launcher, frontend, workers, output capture); what it stopped,
         e.g. "frontend pid 12, 3 workers (process group 9)", or "" when nothing ran."""
-        stopped = processes.stop(self.run_dir, timeout_s)
+        stopped = processes.stop(self.run_dir, timeout_s, self._own_ports())
         self.pid_path.unlink(missing_ok=True)
         return stopped
 
@@ -310,7 +314,7 @@ class TorchServe:
 
     def process_ids(self) -> list[int]:
         """The output capture, the torchserve launcher, the Java frontend and every worker."""
-        return sorted(p.pid for p in processes.server_processes(self.run_dir))
+        return sorted(p.pid for p in processes.server_processes(self.run_dir, self._own_ports()))
 
     def describe(self, model: str) -> dict:
         return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]

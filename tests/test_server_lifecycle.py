@@ -65,6 +65,33 @@ def test_stop_ends_only_the_processes_of_its_run_folder(tmp_path):
         theirs.wait()
 
 
+def test_a_server_without_a_readable_marker_is_found_by_its_port_and_folder(tmp_path):
+    """A frontend whose environment cannot be read (another user's, or started before the marker) still
+    runs in its run folder and listens on its config's port: stop() ends its process group."""
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run_dir.mkdir()
+    elsewhere.mkdir()
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    (run_dir / "config.properties").write_text(f"inference_address=http://127.0.0.1:{number}\nenable_grpc=false\n")
+    listen = f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {number})); s.listen(); time.sleep(60)"
+    frontend = subprocess.Popen([sys.executable, "-c", listen], cwd=run_dir, start_new_session=True)  # no marker
+    bystander = subprocess.Popen(["sleep", "60"], cwd=elsewhere, start_new_session=True)
+    try:
+        server = TorchServe(run_dir, tmp_path, run_dir / "config.properties")
+        wait_for(lambda: server.process_ids() == [frontend.pid])
+        assert server.process_ids() == [frontend.pid]
+        assert f"process group {frontend.pid}" in server.stop(timeout_s=5)
+        assert frontend.poll() is not None and bystander.poll() is None
+        assert server.stop(timeout_s=5) == ""
+    finally:
+        for process in (frontend, bystander):
+            process.kill()
+            process.wait()
+
+
 def test_a_group_shared_with_unmarked_processes_is_not_signalled_as_a_group(tmp_path):
     # sh (unmarked) starts a marked sleep in its own process group, then an unmarked one.
     script = f'env {processes.MARKER}="{(tmp_path / "a").resolve()}" sleep 60 & sleep 60'
