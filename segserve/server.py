@@ -8,6 +8,7 @@ folder in their environment (segserve/processes.py), not by a pid file, so
 `stop()` ends them even when the launcher is gone; nothing is ever killed by name.
 """
 
+import fcntl
 import json
 import os
 import re
@@ -105,6 +106,18 @@ class TorchServe:
         return read_properties(self.config_path)[f"{api}_address"]
 
     def start(self, startup_timeout_s: float = 120, log=print) -> None:
+        """Start TorchServe from run_dir and wait until it answers /ping. Holds run_dir/start.lock meanwhile:
+        two `segserve serve` at once would both pass the checks below, and the second would delete the
+        first's key file."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "start.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeFailure(f"another `segserve serve` is starting TorchServe from {self.run_dir}: let it finish") from None
+            self._start(startup_timeout_s, log)  # the lock goes with the file when this returns or raises
+
+    def _start(self, startup_timeout_s: float, log) -> None:
         running = processes.server_processes(self.run_dir, self._own_ports())
         if running and not {processes.role(p) for p in running} & {"frontend", "launcher"}:
             # Workers outlive a killed frontend (kill -9 of Java leaves them waiting on their sockets): nothing

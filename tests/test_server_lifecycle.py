@@ -92,6 +92,19 @@ def test_a_server_without_a_readable_marker_is_found_by_its_port_and_folder(tmp_
             process.wait()
 
 
+def test_a_second_start_from_the_same_folder_while_one_is_starting_is_refused(tmp_path):
+    import fcntl
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    server = TorchServe(run_dir, tmp_path, CONFIG)
+    with open(run_dir / "start.lock", "w") as held:  # as a `segserve serve` in progress holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(RuntimeFailure, match="another `segserve serve` is starting TorchServe from"):
+            server.start(log=lambda _: None)
+    assert not (run_dir / "config.properties").exists()  # refused before touching anything
+
+
 def test_a_group_shared_with_unmarked_processes_is_not_signalled_as_a_group(tmp_path):
     # sh (unmarked) starts a marked sleep in its own process group, then an unmarked one.
     script = f'env {processes.MARKER}="{(tmp_path / "a").resolve()}" sleep 60 & sleep 60'
