@@ -40,10 +40,11 @@ lint: setup
 test: lint
 	$(BIN)/python -m pytest
 
-# Hostile inputs against every handler's input path, each in a child process, for 15 minutes (`make test`
+# Hostile inputs against every handler's input path, each in a child process, for 15 minutes (FUZZ_SECONDS; `make test`
 # runs a bounded 2-minute version); new crashing inputs are saved to tests/fuzz_corpus/.
+FUZZ_SECONDS ?= 900
 fuzz: setup
-	$(BIN)/python -m segserve.fuzz --seconds 900 --save-crashes
+	$(BIN)/python -m segserve.fuzz --seconds $(FUZZ_SECONDS) --save-crashes
 
 # Under load: kill -9 a worker of every model and then the frontend, restart with `segserve serve`, rescale,
 # send the fuzz corpus; prints requests sent / 2xx / 4xx / 5xx / unanswered and restart times (about 2 minutes).

@@ -59,9 +59,10 @@ class ClassMapInput:
             class_map = classmap.unpack(body)
         except ValueError as error:
             raise BadRequest(str(error)) from None
-        if class_map.num_classes == 0 or int(class_map.labels.max()) >= class_map.num_classes:
+        top_label = int(class_map.labels.max())
+        if top_label >= class_map.num_classes:  # also catches 0 classes
             raise BadRequest(
-                f"class map declares {class_map.num_classes} classes but holds label {int(class_map.labels.max())}: "
+                f"class map declares {class_map.num_classes} classes but holds label {top_label}: "
                 "labels must be below the number of classes"
             )
         height, width = class_map.original_height, class_map.original_width

@@ -30,21 +30,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 from torchvision.io import encode_png
 
 from handlers import classmap
 from segserve.bench.load import CONNECTION_ERROR, TIMEOUT, LoadResult, LoadSpec, run_load
+from segserve.cli import SERVED_ARCHIVES
 from segserve.server import TorchServe
 from segserve.synthetic import make_sample
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = {  # target → (path, input kind)
-    "workflow": ("/wfpredict/seg_jpeg", "image"),
-    "fused": ("/predictions/seg_jpeg_fused", "image"),
-    "seg": ("/predictions/seg", "image"),
-    "jpeg": ("/predictions/jpeg", "classmap"),
-}
-KILLS = {"seg_jpeg__seg": "workflow", "seg_jpeg__jpeg": "workflow", "seg_jpeg_fused": "fused", "seg": "seg", "jpeg": "jpeg"}
+
+
+def served_targets() -> dict[str, tuple[str, str]]:
+    """What `segserve serve` registers: target → (path, input kind). A model that is a non-root node of a served
+    workflow takes class maps (its spec in workflows/); every other target takes images."""
+    names = [Path(archive).stem for archive in SERVED_ARCHIVES]
+    workflows = [name for name, archive in zip(names, SERVED_ARCHIVES, strict=True) if archive.endswith(".war")]
+    fed_by_nodes = set()
+    for workflow in workflows:
+        spec = yaml.safe_load((ROOT / "workflows" / f"{workflow}.yaml").read_text())
+        fed_by_nodes |= {Path(spec["models"][child]["url"]).stem for children in spec["dag"].values() for child in children or []}
+    return {
+        name: (f"/wfpredict/{name}" if name in workflows else f"/predictions/{name}", "classmap" if name in fed_by_nodes else "image")
+        for name in names
+    }
+
+
 MARGIN_S = 0.05  # clock slack between the load threads and the killer when judging "in flight at a kill"
 
 
@@ -61,7 +73,7 @@ class Tally:
 
     def line(self, name: str) -> str:
         return (
-            f"{name:10s} {self.sent:6d} {self.ok:6d} {self.refused:6d} {self.failed_in_flight:10d} {self.failed:6d} "
+            f"{name:16s} {self.sent:6d} {self.ok:6d} {self.refused:6d} {self.failed_in_flight:10d} {self.failed:6d} "
             f"{self.unanswered:10d} {self.down:6d}"
         )
 
@@ -73,7 +85,8 @@ class Chaos:
     kills: list[tuple[str, float]] = field(default_factory=list)  # (target, monotonic time) of each kill
     frontend_down: tuple[float, float] | None = None
     restarts_s: dict[str, float] = field(default_factory=dict)
-    tallies: dict[str, Tally] = field(default_factory=lambda: {t: Tally() for t in TARGETS})
+    targets: dict[str, tuple[str, str]] = field(default_factory=served_targets)
+    tallies: dict[str, Tally] = field(default_factory=dict)
     hostile_misses: list[str] = field(default_factory=list)
     hostile_refused: int = 0
     hostile_served: list[str] = field(default_factory=list)  # corpus inputs that are valid after all
@@ -87,7 +100,7 @@ class Chaos:
         bodies = {"image": image_bodies, "classmap": [classmap.pack(labels, 2, 360, 640)]}
         token = self.server.token("inference")
         threads = []
-        for target, (path, kind) in TARGETS.items():
+        for target, (path, kind) in self.targets.items():
             spec = LoadSpec(self.server.url("inference"), path, bodies[kind], token, concurrency=2, timeout_s=60)
             thread = threading.Thread(target=self._stream, args=(target, spec, duration_s, stop), daemon=True)
             thread.start()
@@ -102,7 +115,7 @@ class Chaos:
     def tally(self) -> None:
         """Each request's fate, judged once every kill and the frontend's downtime are known."""
         for target, result, started in self.results:
-            tally = self.tallies[target]
+            tally = self.tallies.setdefault(target, Tally())
             for intended, end, status in zip(result.intended_s, result.end_s, result.status, strict=True):
                 sent_at, ended_at = started + intended, started + end
                 tally.sent += 1
@@ -130,12 +143,12 @@ class Chaos:
         return self.frontend_down is not None and self.frontend_down[0] <= at <= self.frontend_down[1]
 
     # Faults --------------------------------------------------------------------------------------------
-    def kill_worker(self, model: str) -> None:
+    def kill_worker(self, target: str, model: str) -> None:
         worker = next(w for w in self.server.describe(model)["workers"] if int(w.get("pid") or -1) > 0)
         old_pid = int(worker["pid"])
         os.kill(old_pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        self.kills.append((KILLS[model], killed_at))
+        self.kills.append((target, killed_at))
         deadline = killed_at + 120
         while time.monotonic() < deadline:
             workers = self.server.describe(model)["workers"]
@@ -169,7 +182,7 @@ class Chaos:
         sent = 0
         try:
             for name, kind, body, must_refuse in hostile_inputs():
-                for target, (path, target_kind) in TARGETS.items():
+                for target, (path, target_kind) in self.targets.items():
                     if target_kind != kind:
                         continue
                     sent += 1
@@ -247,15 +260,17 @@ def run(run_dir: Path, model_store: Path, load_s: float) -> bool:
     print(f"  up in {first_start_s:.1f} s")
     try:
         stop = threading.Event()
-        print(f"phase 1: load on {', '.join(TARGETS)}; a worker of each model killed in turn; rescale; hostile inputs")
+        print(f"phase 1: load on {', '.join(chaos.targets)}; a worker of each model killed in turn; rescale; hostile inputs")
         threads = chaos.load(600, stop)  # until the frontend is killed
         time.sleep(3)
-        for model in KILLS:
-            chaos.kill_worker(model)
-            time.sleep(2)
+        nodes = server.workflow_nodes()
+        for target in chaos.targets:  # every worker model of a workflow, else the target's own model
+            for model in [n for n in nodes if n.startswith(f"{target}__")] or [target]:
+                chaos.kill_worker(target, model)
+                time.sleep(2)
         for workers in (2, 1):
-            server.scale("seg_jpeg__seg", workers)
-            print(f"  scaled seg_jpeg__seg to {workers} worker(s)")
+            server.scale(nodes[-1], workers)
+            print(f"  scaled {nodes[-1]} to {workers} worker(s)")
             time.sleep(2)
         print(f"  {chaos.send_hostile()} hostile requests sent")
         print("phase 2: the frontend killed under load, then `segserve serve` again")
@@ -283,7 +298,7 @@ def run(run_dir: Path, model_store: Path, load_s: float) -> bool:
 
 def report(chaos: Chaos) -> bool:
     chaos.tally()
-    print(f"\n{'target':10s} {'sent':>6s} {'2xx':>6s} {'4xx':>6s} {'5xx/lost*':>10s} {'5xx':>6s} {'unanswered':>10s} {'down':>6s}")
+    print(f"\n{'target':16s} {'sent':>6s} {'2xx':>6s} {'4xx':>6s} {'5xx/lost*':>10s} {'5xx':>6s} {'unanswered':>10s} {'down':>6s}")
     for target, tally in chaos.tallies.items():
         print(tally.line(target))
     names = {CONNECTION_ERROR: "connection error", TIMEOUT: "timeout"}

@@ -29,19 +29,25 @@ def _server(args):
     )
 
 
+# What `segserve serve` registers: node models, a workflow (.war) and its fused twin, each under its file's stem.
+SERVED_ARCHIVES = ("seg.mar", "jpeg.mar", "seg_jpeg.war", "seg_jpeg_fused.mar")
+
+
 def start_pipeline(server, log=print) -> None:
-    """Start TorchServe and register seg, jpeg, the seg_jpeg workflow and the fused seg_jpeg_fused;
-    stop it again on any failure."""
-    for archive in ("seg.mar", "jpeg.mar", "seg_jpeg.war", "seg_jpeg_fused.mar"):
+    """Start TorchServe and register SERVED_ARCHIVES; wait until the workflows' nodes are READY; stop it again
+    on any failure."""
+    for archive in SERVED_ARCHIVES:
         if not (server.model_store / archive).exists():
             raise UsageError(f"{server.model_store / archive} is missing: run `segserve build` first")
     server.start(log=log)
     try:
-        server.register_model("seg.mar", "seg", log=log)
-        server.register_model("jpeg.mar", "jpeg", log=log)
-        server.register_workflow("seg_jpeg.war", "seg_jpeg", log=log)
-        server.register_model("seg_jpeg_fused.mar", "seg_jpeg_fused", log=log)
-        for node in ("seg_jpeg__seg", "seg_jpeg__jpeg"):
+        for archive in SERVED_ARCHIVES:
+            name = Path(archive).stem
+            if archive.endswith(".war"):
+                server.register_workflow(archive, name, log=log)
+            else:
+                server.register_model(archive, name, log=log)
+        for node in server.workflow_nodes():
             server.wait_ready(node)
     except BaseException:
         server.stop()

@@ -329,6 +329,13 @@ class TorchServe:
         """The output capture, the torchserve launcher, the Java frontend and every worker."""
         return sorted(p.pid for p in processes.server_processes(self.run_dir, self._own_ports()))
 
+    def workflow_nodes(self) -> list[str]:
+        """The models TorchServe registered for workflow nodes (<workflow>__<node>), from GET /workflows."""
+        workflows = self._expect_ok(self.call("management", "GET", "/workflows"), "listing workflows").json()["workflows"]
+        models = self._expect_ok(self.call("management", "GET", "/models?limit=1000"), "listing models").json()["models"]
+        prefixes = tuple(f"{w['workflowName']}__" for w in workflows)
+        return sorted(m["modelName"] for m in models if prefixes and m["modelName"].startswith(prefixes))
+
     def describe(self, model: str) -> dict:
         return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]
 

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torchvision.io import encode_jpeg
 
 from segserve.bench.load import LoadResult, LoadSpec, run_load
+from segserve.predict import TARGETS as PATHS
 from segserve.server import TorchServe
 from segserve.synthetic import make_sample
 
 ROOT = Path(__file__).resolve().parents[2]
-PATHS = {"seg_jpeg_fused": "/predictions/seg_jpeg_fused", "seg_jpeg": "/wfpredict/seg_jpeg", "seg": "/predictions/seg"}
 
 
 def large_jpeg(height: int = 4000, width: int = 6250) -> bytes:
