@@ -15,48 +15,25 @@ is checked at load). A node with several parents (fan-in) is refused at load: To
 it one request with a parameter per parent, and no segserve handler joins inputs.
 """
 
+import importlib
 import json
 import types
 from pathlib import Path
-from typing import NamedTuple
 
 import yaml
 
-from handlers.areas import AreasHandler
 from handlers.base import SegserveHandler, entry_point
-from handlers.jpeg import JpegHandler
-from handlers.segmentation import SegmentationHandler
-
-# A node's handler, by the archive its spec entry names (url: seg.mar → seg).
-NODE_HANDLERS = {"seg": SegmentationHandler, "jpeg": JpegHandler, "jpeg_json": JpegHandler, "areas": AreasHandler}
+from handlers.dag import parse_dag
 
 
-class Dag(NamedTuple):
-    order: list[str]  # topological: every node after its parent
-    children: dict[str, list[str]]
-    root: str
-    leaves: list[str]  # in spec order: the keys of a multi-leaf response
-
-
-def parse_dag(dag: dict) -> Dag:
-    """The spec's `dag:` section checked and ordered; ValueError says what the fused pipeline cannot run."""
-    children = {node: list(targets or []) for node, targets in dag.items()}
-    nodes = list(dict.fromkeys([*children, *(c for targets in children.values() for c in targets)]))
-    parents = {node: [p for p, targets in children.items() if node in targets] for node in nodes}
-    joins = {n: parents[n] for n in nodes if len(parents[n]) > 1}
-    if joins:
-        raise ValueError(f"the fused pipeline does not join inputs; node(s) with several parents: {joins}")
-    roots = [n for n in nodes if not parents[n]]
-    if len(nodes) < 2:
-        raise ValueError(f"a DAG of one node ({nodes}) needs no pipeline: register that model itself")
-    if len(roots) != 1:
-        raise ValueError(f"the fused pipeline needs exactly one root node that takes the request; this DAG has {roots or 'none (a cycle)'}")
-    order = [roots[0]]
-    for node in order:  # breadth first; with one parent per node and a root, each is reached once
-        order += children.get(node, [])
-    if len(order) != len(nodes):  # a cycle apart from the root: its nodes each have a parent, none is reached
-        raise ValueError(f"the DAG has a cycle: {sorted(set(nodes) - set(order))} cannot be reached from {roots[0]!r}")
-    return Dag(order, children, roots[0], [n for n in nodes if not children.get(n)])
+def node_handler(module: str) -> SegserveHandler:
+    """A fresh handler of the module a node config names (`segserve: {handler: areas}` → handlers/areas.py)."""
+    if not module.isidentifier():
+        raise ValueError(f"handler {module!r} is not a module name")
+    entry = getattr(importlib.import_module(f"handlers.{module}"), "handle", None)
+    if not hasattr(entry, "service"):
+        raise ValueError(f"handlers/{module}.py has no segserve entry point `handle = entry_point(...)`")
+    return type(entry.service)()
 
 
 class PipelineHandler(SegserveHandler):
@@ -70,10 +47,8 @@ class PipelineHandler(SegserveHandler):
         self.nodes: dict[str, SegserveHandler] = {}
         for name in self.dag.order:
             stem = Path(models[name]["url"]).stem
-            if stem not in NODE_HANDLERS:
-                raise ValueError(f"node {name!r}: no in-process handler for {models[name]['url']!r} (known: {sorted(NODE_HANDLERS)})")
-            node = NODE_HANDLERS[stem]()
             node_config = yaml.safe_load((Path(model_dir) / "nodes" / f"{stem}.yaml").read_text()) or {}
+            node = node_handler((node_config.get("segserve") or {}).get("handler", ""))
             # Each node keeps its own handler settings; runs in this worker's stage threads, not its own.
             node_settings = {**node_config.get("handler", {}), "overlap": False, "micro_batch_size": 0}
             context = types.SimpleNamespace(

@@ -1,8 +1,9 @@
-"""Build the archives: weights (trained if missing), the node models (seg, jpeg, jpeg_json, areas),
-each workflow's .war (seg_jpeg, seg_fanout) and its fused twin (<workflow>_fused.mar).
+"""Build the archives of the catalog (segserve/catalog.py): weights (trained if missing), every node model
+(model_config/*.yaml), each workflow's .war (workflows/*.yaml) and its fused twin (<workflow>_fused.mar).
 
-Runs the real torch-model-archiver / torch-workflow-archiver and prints each
-command, so a user can run the same steps by hand.
+Runs the real torch-model-archiver / torch-workflow-archiver and prints each command, so a user can run
+the same steps by hand. The bench builds its per-point archives with the same `Recipe`, with the
+handler settings and registration values of the point.
 """
 
 import shutil
@@ -13,11 +14,13 @@ from pathlib import Path
 
 import yaml
 
+from segserve.catalog import Catalog, Dag, NodeModel, Target
 from segserve.errors import RuntimeFailure, UsageError
 
-# Node model archives: name → handler module. Each takes its config from model_config/<name>.yaml.
-NODE_ARCHIVES = {"seg": "segmentation", "jpeg": "jpeg", "jpeg_json": "jpeg", "areas": "areas"}
-WORKFLOWS = ("seg_jpeg", "seg_fanout")  # workflows/<name>.yaml; the fused twin: model_config/<name>_fused.yaml
+# torch-workflow-archiver requires a handler file; a DAG of model nodes needs nothing in it.
+WORKFLOW_HANDLER_TEXT = '''"""Workflow handler of {name}.war (written by segserve build): model nodes only. A function node would
+run in the frontend's single workflow worker, without batching."""
+'''
 
 
 def tool(name: str) -> str:
@@ -45,25 +48,22 @@ def stage_handler_package(root: Path, staging: Path) -> Path:
     return package.parent
 
 
-def stage_fused_extras(extra: Path, spec: Path, node_configs: dict[str, Path]) -> Path:
-    """What a fused archive carries beside the handlers: the DAG spec and the config of each node archive."""
-    (extra / "nodes").mkdir(parents=True, exist_ok=True)
-    for model in yaml.safe_load(spec.read_text())["models"].values():
-        if isinstance(model, dict) and "url" in model:
-            stem = Path(model["url"]).stem
-            shutil.copy2(node_configs[stem], extra / "nodes" / f"{stem}.yaml")
-    shutil.copy2(spec, extra / spec.name)
-    return extra
-
-
-def write_model_config(source: Path, target: Path, handler_overrides: dict) -> Path:
+def write_model_config(source: Path, target: Path, handler_overrides: dict, registration: dict | None = None) -> Path:
+    """A model config from `source` with some `handler:` values (and TorchServe keys such as batchSize) replaced."""
     config = yaml.safe_load(source.read_text()) or {}
+    config.update(registration or {})
     config.setdefault("handler", {}).update({k: v for k, v in handler_overrides.items() if v is not None})
     target.write_text(yaml.safe_dump(config, sort_keys=False))
     return target
 
 
-def archive_model(name: str, handler: str, serialized_file: Path | None, config: Path, extra: Path, model_store: Path, log=print) -> Path:
+def default_fused_config(dag: Dag) -> dict:
+    """The fused twin's config when model_config/<dag>_fused.yaml is not there: the spec, one worker."""
+    handler = {"spec": dag.spec_path.name}
+    return {"minWorkers": 1, "maxWorkers": 1, "batchSize": 8, "maxBatchDelay": 5, "responseTimeout": 120, "handler": handler}
+
+
+def archive_model(name: str, handler: Path, serialized_file: Path | None, config: Path, extra: Path, model_store: Path, log=print) -> Path:
     command = [tool("torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler", f"{handler}:handle"]
     if serialized_file is not None:
         command += ["--serialized-file", str(serialized_file)]
@@ -72,12 +72,74 @@ def archive_model(name: str, handler: str, serialized_file: Path | None, config:
     return model_store / f"{name}.mar"
 
 
-def archive_workflow(spec: Path, model_store: Path, log=print) -> Path:
-    name = spec.stem
-    handler = spec.with_name(f"{name}_handler.py")
-    command = [tool("torch-workflow-archiver"), "--workflow-name", name, "--spec-file", str(spec), "--handler", str(handler)]
-    run_tool(command + ["--export-path", str(model_store), "--force"], log)
+def archive_workflow(name: str, spec: dict, handler: Path | None, model_store: Path, log=print) -> Path:
+    """<name>.war from a spec (written beside a copy of the handler; a default handler when there is none)."""
+    with tempfile.TemporaryDirectory(prefix="segserve-war-") as tmp:
+        spec_path = Path(tmp) / f"{name}.yaml"
+        spec_path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        handler_path = Path(tmp) / f"{name}_handler.py"
+        handler_path.write_text(handler.read_text() if handler and handler.exists() else WORKFLOW_HANDLER_TEXT.format(name=name))
+        command = [tool("torch-workflow-archiver"), "--workflow-name", name, "--spec-file", str(spec_path), "--handler", str(handler_path)]
+        run_tool(command + ["--export-path", str(model_store), "--force"], log)
     return model_store / f"{name}.war"
+
+
+class Recipe:
+    """Archives of catalog targets with given settings, into one model store.
+
+    node_settings: node name → `handler:` overrides of that node's model; stage_settings: overrides of the
+    worker that runs the target's stages (a model's own worker, the fused twin's); registration: TorchServe
+    keys of a model config (batchSize, maxBatchDelay) or, for a workflow, of its spec's `models:`."""
+
+    def __init__(self, catalog: Catalog, weights: Path, model_store: Path, staging: Path, log=print):
+        self.catalog, self.weights, self.store, self.staging, self.log = catalog, weights, model_store, staging, log
+        self.extra = stage_handler_package(catalog.root, staging)
+
+    def node_archive(self, model: NodeModel, name: str, settings: dict, registration: dict | None = None) -> Path:
+        config = write_model_config(model.config, self.staging / f"{name}.yaml", settings, registration)
+        handler = self.catalog.root / "handlers" / model.handler
+        return archive_model(name, handler, self.weights if model.weights else None, config, self.extra, self.store, self.log)
+
+    def fused_archive(self, dag: Dag, name: str, node_settings: dict, stage_settings: dict, registration: dict | None = None) -> Path:
+        """The DAG in one worker: the handlers, the spec and each node's config (nodes/<model>.yaml) in one .mar."""
+        extra = self.staging / f"extra-{name}"
+        shutil.copytree(self.extra, extra)
+        (extra / "nodes").mkdir()
+        for node, model in dag.nodes.items():
+            write_model_config(model.config, extra / "nodes" / f"{model.name}.yaml", node_settings.get(node, {}))
+        shutil.copy2(dag.spec_path, extra / dag.spec_path.name)
+        source = dag.fused_config
+        if not source.exists():
+            source = self.staging / f"{dag.name}-default-fused.yaml"
+            source.write_text(yaml.safe_dump(default_fused_config(dag), sort_keys=False))
+        config = write_model_config(source, self.staging / f"{name}.yaml", stage_settings, registration)
+        weights = self.weights if any(m.weights for m in dag.nodes.values()) else None
+        archive = archive_model(name, self.catalog.root / "handlers" / "pipeline", weights, config, extra, self.store, self.log)
+        shutil.rmtree(extra)
+        return archive
+
+    def workflow_archive(self, dag: Dag, name: str, node_urls: dict[str, str], spec_models: dict | None = None) -> Path:
+        """<name>.war: the DAG's spec with each node's url replaced and `models:` keys (batch-size …) set,
+        DAG-wide (a value) or per node (a mapping under the node's name)."""
+        spec = yaml.safe_load(dag.spec_path.read_text())
+        for node, url in node_urls.items():
+            spec["models"][node]["url"] = url
+        for key, value in (spec_models or {}).items():
+            if isinstance(value, dict):
+                spec["models"][key].update(value)
+            else:
+                spec["models"][key] = value
+        return archive_workflow(name, spec, dag.spec_path.with_name(f"{dag.name}_handler.py"), self.store, self.log)
+
+    def target_archive(self, target: Target, node_settings: dict) -> Path:
+        """The archive `segserve serve` registers for a target, under its catalog name (a workflow's .war
+        points at its nodes' .mar files by their catalog names)."""
+        if target.kind == "model":
+            return self.node_archive(target.nodes[0].model, target.name, node_settings.get(target.name, {}))
+        dag = self.catalog.dags[target.dag]
+        if target.kind == "fused":
+            return self.fused_archive(dag, target.name, node_settings, {})
+        return self.workflow_archive(dag, target.name, {node.name: f"{node.model.name}.mar" for node in target.nodes})
 
 
 def ensure_weights(weights: Path, backbone: str | None, log=print) -> Path:
@@ -95,34 +157,19 @@ def ensure_weights(weights: Path, backbone: str | None, log=print) -> Path:
 def build(
     root: Path, model_store: Path, weights: Path | None = None, backbone: str | None = None, num_classes: int | None = None, log=print
 ) -> list[Path]:
-    """Build every archive into model_store; return their paths."""
+    """Build every archive of the catalog into model_store; return their paths."""
     root = root.resolve()
+    catalog = Catalog(root)
     if weights is not None and not weights.exists():
         raise UsageError(f"--weights {weights}: no such file (give a TorchScript file or a state_dict saved with torch.save)")
     weights = ensure_weights(weights or root / "weights" / "seg.pt", backbone, log)
     model_store.mkdir(parents=True, exist_ok=True)
-    built = []
+    # --backbone / --num-classes describe the weights: they go to every node that carries them.
+    described = {"backbone": backbone, "num_classes": num_classes}
+    node_settings = {node.name: described for t in catalog.targets.values() for node in t.nodes if node.model.weights}
     with tempfile.TemporaryDirectory(prefix="segserve-build-") as tmp:
-        staging = Path(tmp)
-        extra = stage_handler_package(root, staging)
-        seg_overrides = {"backbone": backbone, "num_classes": num_classes}
-        node_configs = {
-            name: write_model_config(
-                root / "model_config" / f"{name}.yaml", staging / f"{name}.yaml", seg_overrides if name == "seg" else {}
-            )
-            for name in NODE_ARCHIVES
-        }
-        for name, module in NODE_ARCHIVES.items():
-            serialized = weights if name == "seg" else None
-            built.append(archive_model(name, root / "handlers" / module, serialized, node_configs[name], extra, model_store, log))
-        for workflow in WORKFLOWS:
-            spec = root / "workflows" / f"{workflow}.yaml"
-            built.append(archive_workflow(spec, model_store, log))
-            fused_config = write_model_config(root / "model_config" / f"{workflow}_fused.yaml", staging / f"{workflow}_fused.yaml", {})
-            fused_extra = stage_fused_extras(staging / f"extra_{workflow}", spec, node_configs)
-            shutil.copytree(extra / "handlers", fused_extra / "handlers")
-            pipeline = root / "handlers" / "pipeline"
-            built.append(archive_model(f"{workflow}_fused", pipeline, weights, fused_config, fused_extra, model_store, log))
+        recipe = Recipe(catalog, weights, model_store, Path(tmp), log)
+        built = [recipe.target_archive(target, node_settings) for target in catalog.targets.values()]
     for path in built:
         log(f"built {path} ({path.stat().st_size / 1e6:.1f} MB)")
     return built

@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from torchvision.io import encode_png
 
 from handlers import classmap
+from segserve import cli
 from segserve.bench.load import CONNECTION_ERROR, TIMEOUT, LoadResult, LoadSpec, run_load
-from segserve.cli import SERVED_ARCHIVES
 from segserve.server import TorchServe
 from segserve.synthetic import make_sample
 
@@ -43,18 +42,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def served_targets() -> dict[str, tuple[str, str]]:
-    """What `segserve serve` registers: target → (path, input kind). A model that is a non-root node of a served
-    workflow takes class maps (its spec in workflows/); every other target takes images."""
-    names = [Path(archive).stem for archive in SERVED_ARCHIVES]
-    workflows = [name for name, archive in zip(names, SERVED_ARCHIVES, strict=True) if archive.endswith(".war")]
-    fed_by_nodes = set()
-    for workflow in workflows:
-        spec = yaml.safe_load((ROOT / "workflows" / f"{workflow}.yaml").read_text())
-        fed_by_nodes |= {Path(spec["models"][child]["url"]).stem for children in spec["dag"].values() for child in children or []}
-    return {
-        name: (f"/wfpredict/{name}" if name in workflows else f"/predictions/{name}", "classmap" if name in fed_by_nodes else "image")
-        for name in names
-    }
+    """What `segserve serve` registers (the catalog's default family): target → (path, input kind)."""
+    targets = cli.served_targets(None)
+    return {t.name: (t.endpoint, "classmap" if t.takes == "class_map" else "image") for t in targets}
 
 
 MARGIN_S = 0.05  # clock slack between the load threads and the killer when judging "in flight at a kill"

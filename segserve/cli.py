@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from segserve.catalog import unknown
 from segserve.errors import RuntimeFailure, UsageError
 
 DEFAULT_RUN_DIR = Path(".segserve")
@@ -29,26 +30,39 @@ def _server(args):
     )
 
 
-# What `segserve serve` registers: node models, a workflow (.war) and its fused twin, each under its file's stem.
-SERVED_ARCHIVES = ("seg.mar", "jpeg.mar", "seg_jpeg.war", "seg_jpeg_fused.mar")
+# The DAG `segserve serve` and `predict` use by default (DESIGN.md): its member models, workflow and fused twin.
+DEFAULT_DAG = "seg_jpeg"
 
 
-def start_pipeline(server, log=print) -> None:
-    """Start TorchServe and register SERVED_ARCHIVES; wait until the workflows' nodes are READY; stop it again
-    on any failure."""
-    for archive in SERVED_ARCHIVES:
-        if not (server.model_store / archive).exists():
-            raise UsageError(f"{server.model_store / archive} is missing: run `segserve build` first")
+def catalog():
+    from segserve.catalog import Catalog
+
+    return Catalog(Path.cwd())
+
+
+def served_targets(names: str | None) -> list:
+    """Catalog targets from --targets a,b (default: the default DAG's family), checked before anything starts."""
+    known = catalog()
+    chosen = [n.strip() for n in names.split(",") if n.strip()] if names else known.family(DEFAULT_DAG)
+    return [known.target(name) for name in dict.fromkeys(chosen)]
+
+
+def start_pipeline(server, targets: list, log=print) -> None:
+    """Start TorchServe and register the targets' archives (a workflow's nodes come with it); wait until every
+    model is READY; stop it again on any failure."""
+    for target in targets:
+        if not (server.model_store / target.archive).exists():
+            raise UsageError(f"{server.model_store / target.archive} is missing: run `segserve build` first")
     server.start(log=log)
     try:
-        for archive in SERVED_ARCHIVES:
-            name = Path(archive).stem
-            if archive.endswith(".war"):
-                server.register_workflow(archive, name, log=log)
+        for target in targets:
+            if target.kind == "workflow":
+                server.register_workflow(target.archive, target.name, log=log)
             else:
-                server.register_model(archive, name, log=log)
-        for node in server.workflow_nodes():
-            server.wait_ready(node)
+                server.register_model(target.archive, target.name, log=log)
+        for target in targets:
+            for model in target.models:
+                server.wait_ready(model)
     except BaseException:
         server.stop()
         raise
@@ -80,8 +94,10 @@ def cmd_serve(args) -> int:
         stopped = server.stop()
         print(f"TorchServe stopped from {server.run_dir}: {stopped}" if stopped else f"no TorchServe running from {server.run_dir}")
         return 0
-    start_pipeline(server)
-    print(f"serving /wfpredict/seg_jpeg and /predictions/seg_jpeg_fused at {server.url('inference')}; stop with `segserve serve --stop`")
+    targets = served_targets(args.targets)
+    start_pipeline(server, targets)
+    endpoints = ", ".join(t.endpoint for t in targets)
+    print(f"serving {endpoints} at {server.url('inference')}; stop with `segserve serve --stop`")
     return 0
 
 
@@ -99,8 +115,9 @@ def cmd_predict(args) -> int:
             images.append(given)
         else:
             raise UsageError(f"no such image or folder: {given}")
+    target = catalog().target(args.target)
     server = _server(args)
-    failed = predict(server.url("inference"), server.token("inference"), images, Path(args.out), args.target)
+    failed = predict(server.url("inference"), server.token("inference"), images, Path(args.out), target)
     if failed:
         raise RuntimeFailure(f"{failed} of {len(images)} request(s) failed")
     return 0
@@ -114,25 +131,34 @@ def cmd_token(args) -> int:
 def cmd_scale(args) -> int:
     if args.workers < 0:
         raise UsageError(f"--workers must be ≥ 0 (got {args.workers})")
+    known = catalog()
+    # a catalog target: every model it registers (a workflow's nodes); else one registered model or node by name
+    models = known.targets[args.model].models if args.model in known.targets else (args.model,)
+    registered = {m for t in known.targets.values() for m in t.models}
+    if models[0] not in registered:
+        raise UsageError(unknown("model", args.model, sorted(registered | set(known.targets))))
     server = _server(args)
-    server.scale(args.model, args.workers)
-    print(f"{args.model}: {args.workers} worker(s)")
+    for model in models:
+        server.scale(model, args.workers)
+        print(f"{model}: {args.workers} worker(s)")
     return 0
 
 
 def cmd_pin(args) -> int:
     if args.plan_from:
-        from segserve.pinning import parse_cores, plan_from_results
+        from segserve.bench.core_plan import node_targets, plan_from_results
+        from segserve.pinning import parse_cores
 
-        text = plan_from_results(Path(args.plan_from), parse_cores(args.cores), args.frontend_cores)
+        nodes = node_targets(catalog(), args.dag)
+        text = plan_from_results(Path(args.plan_from), parse_cores(args.cores), nodes, args.frontend_cores)
         if args.out:
             Path(args.out).write_text(text)
             print(f"wrote {args.out}; serve with `segserve serve --core-plan {args.out}`", file=sys.stderr)
         else:
             print(text, end="")
         return 0
-    if args.cores or args.out or args.frontend_cores != 1:
-        raise UsageError("--cores, --frontend-cores and --out go with --plan-from, not --show")
+    if args.cores or args.out or args.frontend_cores != 1 or args.dag != DEFAULT_DAG:
+        raise UsageError("--cores, --frontend-cores, --dag and --out go with --plan-from, not --show")
     from segserve.pinning import live_affinity
 
     rows = live_affinity(_server(args))
@@ -144,7 +170,7 @@ def cmd_pin(args) -> int:
 
 def cmd_bench(args) -> int:
     if args.suite[0] == "compare":
-        from segserve.bench.report import compare
+        from segserve.bench.compare import compare
 
         if len(args.suite) != 3:
             raise UsageError("usage: segserve bench compare OLD_RESULT_DIR NEW_RESULT_DIR [--tolerance 0.05]")
@@ -157,23 +183,20 @@ def cmd_bench(args) -> int:
     if len(args.suite) != 1:
         raise UsageError("usage: segserve bench SUITE.yaml [--dry-run] [--resume DIR]")
     from segserve.bench import plan
+    from segserve.bench.session import plan_points, run_suite
     from segserve.bench.suite import load_suite
 
-    suite_path = Path(args.suite[0])
-    suite = load_suite(suite_path)
+    suite_path, known = Path(args.suite[0]), catalog()
+    suite = load_suite(suite_path, known)
     if args.dry_run:
-        print(plan.describe(suite, plan.expand(suite)))
+        print(plan.describe(suite, plan_points(suite, known, Path(args.weights))))
         return 0
-    from segserve.bench.session import run_suite
-
     resume = Path(args.resume) if args.resume else None
-    run_suite(suite_path, suite, Path.cwd(), Path(args.results), Path(args.weights), resume)
+    run_suite(suite_path, suite, known, Path(args.results), Path(args.weights), resume)
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    from segserve.predict import TARGETS
-
     root = argparse.ArgumentParser(prog="segserve", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model-store", default="model_store", help="archive folder (default: model_store)")
@@ -195,7 +218,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, help="classes of your model (default 2)")
     p.set_defaults(run=cmd_build)
 
-    p = sub.add_parser("serve", parents=[common], help="start TorchServe and register seg, jpeg and seg_jpeg")
+    p = sub.add_parser("serve", parents=[common], help="start TorchServe and register catalog targets (default: seg_jpeg's family)")
+    p.add_argument("--targets", help=f"comma-separated catalog targets (default: {DEFAULT_DAG}'s members, workflow and fused twin)")
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
     p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (see README)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
@@ -204,7 +228,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("predict", parents=[common], help="send images through the pipeline, save the JPEGs")
     p.add_argument("images", nargs="+", help="image files, or folders: their .jpg/.jpeg/.png files")
     p.add_argument("--out", required=True, help="folder for the returned files")
-    p.add_argument("--target", default="seg_jpeg", choices=sorted(TARGETS))
+    p.add_argument("--target", default=DEFAULT_DAG, help=f"any catalog target (default: {DEFAULT_DAG})")
     p.set_defaults(run=cmd_predict)
 
     p = sub.add_parser("token", parents=[common], help="print the key TorchServe generated")
@@ -212,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_token)
 
     p = sub.add_parser("scale", parents=[common], help="set the workers of a model or workflow node")
-    p.add_argument("model", help="e.g. seg, jpeg, seg_jpeg__seg, seg_jpeg__jpeg")
+    p.add_argument("model", help="a registered model or workflow node (seg, seg_jpeg__seg), or a catalog target: all its models")
     p.add_argument("--workers", type=int, required=True)
     p.set_defaults(run=cmd_scale)
 
@@ -224,6 +248,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--cores", help="cores to plan: N (the first N available) or a list like 0-3,6 (default: every available core)")
     p.add_argument("--frontend-cores", type=int, default=1, help="cores for TorchServe's frontend, taken first (default: 1)")
+    p.add_argument("--dag", default=DEFAULT_DAG, help=f"the workflow whose nodes get cores (default: {DEFAULT_DAG})")
     p.add_argument("--out", help="write the plan here (default: print it)")
     p.set_defaults(run=cmd_pin)
 

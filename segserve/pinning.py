@@ -82,10 +82,7 @@ def parse_plan(text: str, path: Path | str) -> CorePlan:
         raise UsageError("\n".join(lines)) from None
 
 
-# A plan from measured costs -------------------------------------------------------------------------
-# workflow node → the bench target that measures its model alone
-NODE_TARGETS = {"seg_jpeg__seg": "seg", "seg_jpeg__jpeg": "jpeg"}
-DEFAULT_CONSTRAINTS = {"requests_failed": {"max": 0}}  # without the suite's own (no suite.yaml beside the summary)
+# Splitting cores by cost (segserve/bench/core_plan.py measures the costs) ------------------------------
 
 
 def split_cores(costs: dict[str, float], cores: list[int], frontend_cores: int = 1) -> tuple[list[int], dict[str, list[int]]]:
@@ -95,10 +92,10 @@ def split_cores(costs: dict[str, float], cores: list[int], frontend_cores: int =
     if frontend_cores < 1:
         raise UsageError(f"--frontend-cores must be ≥ 1 (got {frontend_cores})")
     if frontend_cores > len(cores):
-        raise UsageError(f"--frontend-cores {frontend_cores}: only {len(cores)} core(s) to plan ({_cores_text(cores)})")
+        raise UsageError(f"--frontend-cores {frontend_cores}: only {len(cores)} core(s) to plan ({cores_text(cores)})")
     if len(cores) < len(costs):
         raise UsageError(
-            f"{len(cores)} core(s) ({_cores_text(cores)}) cannot give each of {len(costs)} models its own core: "
+            f"{len(cores)} core(s) ({cores_text(cores)}) cannot give each of {len(costs)} models its own core: "
             f"plan on more cores (--cores) or for fewer models"
         )
     bad = {model: cost for model, cost in costs.items() if not cost > 0}
@@ -137,7 +134,7 @@ def parse_cores(text: str | None) -> list[int]:
         if text.isdigit():
             count = int(text)
             if not 1 <= count <= len(available):
-                raise UsageError(f"--cores {text}: between 1 and the {len(available)} core(s) available here ({_cores_text(available)})")
+                raise UsageError(f"--cores {text}: between 1 and the {len(available)} core(s) available here ({cores_text(available)})")
             return available[:count]
         cores = set()
         for part in text.split(","):
@@ -147,84 +144,11 @@ def parse_cores(text: str | None) -> list[int]:
         raise UsageError(f"--cores {text}: not a count or a core list (e.g. 8, or 0-3,6)") from None
     missing = sorted(cores - set(available))
     if missing or not cores:
-        raise UsageError(
-            f"--cores {text}: cores {missing} are not available here ({_cores_text(available)}); generate a plan where it runs"
-        )
+        raise UsageError(f"--cores {text}: cores {missing} are not available here ({cores_text(available)}); generate a plan where it runs")
     return sorted(cores)
 
 
-def measured_costs(source: Path) -> tuple[dict[str, dict], str]:
-    """Per bench target (seg, jpeg): its best valid row, chosen as the suite chose its winners; and how rows were chosen."""
-    from segserve.bench.report import read_summary
-    from segserve.bench.schema import METRICS, best
-
-    try:
-        records = read_summary(source)  # a results folder or its summary.jsonl
-        suite_path = (source if source.is_dir() else source.parent) / "suite.yaml"
-        suite = yaml.safe_load(suite_path.read_text()) if suite_path.is_file() else None
-    except FileNotFoundError as error:
-        raise UsageError(str(error) if source.is_dir() else f"{source}: no such file") from None
-    except (OSError, ValueError, yaml.YAMLError) as error:
-        raise UsageError(f"{source}: cannot read bench results ({error})") from None
-    if suite is not None:
-        constraints, objective = suite.get("constraints") or {}, suite.get("objective") or "throughput_rps"
-        where = f"from {suite_path.name}"
-    else:
-        constraints, objective = DEFAULT_CONSTRAINTS, "throughput_rps"
-        where = "defaults: no suite.yaml beside the summary"
-    bounds = [f"{tag} {op} {b[key]}" for tag, b in constraints.items() for key, op in (("min", "≥"), ("max", "≤")) if key in b]
-    chosen_by = f"best {objective} with {', '.join(bounds) or 'no constraints'} ({where})"
-    if objective not in METRICS:
-        raise UsageError(f"{suite_path}: objective {objective!r} is not a known metric")
-    rows = {}
-    for target in dict.fromkeys(NODE_TARGETS.values()):
-        row = best([r for r in records if r.get("target") == target], constraints, objective)
-        if row is None or not (row.get("throughput_rps") or 0) > 0:
-            raise UsageError(
-                f"{source}: no valid {target!r} row ({chosen_by}): run a suite whose targets include {', '.join(NODE_TARGETS.values())}"
-            )
-        rows[target] = row
-    return rows, chosen_by
-
-
-def plan_from_results(source: Path, cores: list[int], frontend_cores: int = 1) -> str:
-    """A core plan (YAML text, checked by the loader) for the workflow nodes, cores in proportion to measured cost:
-    the time one request takes on each member target alone, 1 / its best throughput."""
-    rows, chosen_by = measured_costs(source)
-    costs_s = {node: 1 / rows[target]["throughput_rps"] for node, target in NODE_TARGETS.items()}
-    frontend, given = split_cores(costs_s, cores, frontend_cores)
-    total_s = sum(costs_s.values())
-    lines = [
-        f"# Generated by `segserve pin --plan-from {source}` for cores {_cores_text(cores)}.",
-        "# The cores after the frontend's, in proportion to each node's cost per request: 1 / the throughput of its",
-        "# model measured alone, from the row picked as the suite picks its winners:",
-        f"# {chosen_by}.",
-    ]
-    for node, target in NODE_TARGETS.items():
-        row = rows[target]
-        lines.append(
-            f"#   {node}: {target} run {row['run_id']}, {row['throughput_rps']:.1f} req/s → {1000 * costs_s[node]:.2f} ms "
-            f"({costs_s[node] / total_s:.0%} of the cost) → {len(given[node])} core(s)"
-        )
-    shared_with = [model for model, model_cores in given.items() if set(model_cores) & set(frontend)]
-    if shared_with:
-        lines.append(
-            f"# {len(cores)} core(s) < {len(given)} models + {frontend_cores} frontend core(s): "
-            f"the frontend shares its cores with {', '.join(shared_with)}."
-        )
-    lines += [
-        "# One slot per node (a node's extra workers share it); models not listed (seg, jpeg, seg_jpeg_fused) stay on the",
-        "# frontend's cores.",
-        f"frontend: {frontend}",
-        "models:",
-        *(f"  {model}: {{cores: {model_cores}, slot_cores: {len(model_cores)}}}" for model, model_cores in given.items()),
-    ]
-    text = "\n".join(lines) + "\n"
-    parse_plan(text, "generated plan")  # what `serve --core-plan` will accept, checked now
-    return text
-
-
-def _cores_text(cores: list[int]) -> str:
+def cores_text(cores: list[int]) -> str:
     """[0, 1, 2, 5] → '0-2,5'"""
     runs: list[list[int]] = []
     for core in sorted(cores):
@@ -243,6 +167,16 @@ def write_plan_json(plan: CorePlan, run_dir: Path) -> Path:
     models = {name: spec.slots() for name, spec in plan.models.items()}
     path.write_text(json.dumps({"frontend": plan.frontend, "lock_dir": str(lock_dir), "models": models}, indent=2))
     return path
+
+
+def pin_process(pid: int, cores: list[int]) -> None:
+    """Pin every thread a process has now (sched_setaffinity acts per thread; new threads inherit it).
+    Workers pin themselves (handlers/pinning.py); this is for the frontend, from outside."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that ended meanwhile
 
 
 def cpus_allowed(pid: int) -> str:

@@ -8,7 +8,7 @@ from ts.context import Context, RequestProcessor
 
 from handlers.segnet import SegNet
 from segserve.build import build, ensure_weights
-from segserve.cli import start_pipeline
+from segserve.cli import served_targets, start_pipeline
 from segserve.server import TorchServe
 from segserve.worker_context import worker_context
 
@@ -55,7 +55,7 @@ def server(tmp_path_factory, model_store):
     instance = TorchServe(
         run_dir=tmp_path_factory.mktemp("ts"), model_store=model_store, config_template=ROOT / "config.properties", free_ports=True
     )
-    start_pipeline(instance)
+    start_pipeline(instance, served_targets(None))
     try:
         yield instance
     finally:

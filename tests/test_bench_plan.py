@@ -7,18 +7,20 @@ import pytest
 from segserve.bench import plan
 from segserve.bench.stats import latency_summary, spread, stable_tail
 from segserve.bench.suite import load_suite
+from segserve.catalog import Catalog
 from segserve.cli import main
 from segserve.errors import UsageError
 from tests.conftest import ROOT
 
 
-def write(tmp_path, text: str):
-    path = tmp_path / "suite.yaml"
+def write(tmp_path, text: str, name: str = "suite.yaml"):
+    path = tmp_path / name
     path.write_text(textwrap.dedent(text))
     return path
 
 
 SAMPLES = str(ROOT / "samples" / "*.jpg")
+CATALOG = Catalog(ROOT)
 
 
 def test_typos_wrong_types_and_impossible_combinations_give_one_line_each(tmp_path, capsys):
@@ -43,7 +45,7 @@ def test_typos_wrong_types_and_impossible_combinations_give_one_line_each(tmp_pa
     assert main(["bench", str(path), "--dry-run"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     expected = [
-        "targets.1: Input should be 'seg', 'jpeg', 'seg_jpeg' or 'seg_jpeg_fused' (got 'segjpeg') — did you mean 'seg_jpeg'?",
+        "targets.1: unknown target 'segjpeg' — did you mean 'seg_jpeg'?",
         "inputs.1.raw.dtype: Input should be 'float16', 'float32' or 'bfloat16' (got 'float8') — did you mean 'float32'?",
         "inputs.2: give exactly one of 'images' or 'raw'",
         "grid.archive.batch_sise: unknown key — did you mean 'batch_size'?",
@@ -62,7 +64,7 @@ def test_typos_wrong_types_and_impossible_combinations_give_one_line_each(tmp_pa
 def test_inputs_that_match_no_file_are_refused(tmp_path):
     path = write(tmp_path, "targets: [seg]\ninputs:\n  - images: [nowhere/*.png]\n")
     with pytest.raises(UsageError, match=r"inputs: no file matches 'nowhere/\*\.png'"):
-        load_suite(path)
+        load_suite(path, CATALOG)
 
 
 def test_grid_expansion_keeps_only_parameters_a_target_uses(tmp_path):
@@ -78,7 +80,7 @@ def test_grid_expansion_keeps_only_parameters_a_target_uses(tmp_path):
           load: {{concurrency: [4, 16]}}
         """,
     )
-    points = plan.expand(load_suite(path))
+    points = plan.expand(load_suite(path, CATALOG), CATALOG)
     by_target = {t: [p for p in points if p.target == t] for t in ("seg", "jpeg", "seg_jpeg")}
     # seg: 2 threads × 2 batch × 2 precision × 2 workers × 2 loads; jpeg has quality instead of precision;
     # the workflow has both, and `workers` alone sets both nodes together (not every combination).
@@ -111,8 +113,8 @@ def test_plan_restarts_only_on_server_changes_and_reregisters_only_on_archive_ch
           load: {{concurrency: [4, 16]}}
         """,
     )
-    suite = load_suite(path)
-    points = plan.expand(suite)
+    suite = load_suite(path, CATALOG)
+    points = plan.expand(suite, CATALOG)
     cost = plan.cost(suite, points)
     # 2 server settings; per setting 2 targets × 2 batch sizes registrations; per registration 1 live scale (workers 1 → 2).
     assert (cost.points, cost.restarts, cost.registrations, cost.scale_calls) == (32, 2, 8, 8)
@@ -123,8 +125,8 @@ def test_plan_restarts_only_on_server_changes_and_reregisters_only_on_archive_ch
 
 def test_run_ids_are_stable_and_name_the_target(tmp_path):
     path = write(tmp_path, f"targets: [jpeg]\ninputs: [{{images: ['{SAMPLES}']}}]\n")
-    first = [p.run_id for p in plan.expand(load_suite(path))]
-    second = [p.run_id for p in plan.expand(load_suite(path))]
+    first = [p.run_id for p in plan.expand(load_suite(path, CATALOG), CATALOG)]
+    second = [p.run_id for p in plan.expand(load_suite(path, CATALOG), CATALOG)]
     assert first == second and first[0].startswith("jpeg-")
 
 
@@ -144,3 +146,100 @@ def test_stability_needs_the_last_windows_to_agree():
     assert not stable_tail([100, 102, 98, 120], count=3, tolerance=0.05)
     assert not stable_tail([100, 100], count=3, tolerance=0.05)  # too few windows
     assert spread([0, 0, 0]) == float("inf")
+
+
+def test_a_node_can_batch_differently_and_stage_settings_go_to_the_worker_that_runs_them(tmp_path):
+    path = write(
+        tmp_path,
+        f"""
+        targets: [seg_jpeg, seg_jpeg_fused]
+        inputs: [{{images: ["{SAMPLES}"]}}]
+        grid:
+          archive:
+            batch_size: [8]
+            encode_threads: [1, 2]
+            threads: [1]
+            nodes: {{jpeg: {{batch_size: [16, 32], jpeg_quality: [70]}}}}
+        """,
+    )
+    suite = load_suite(path, CATALOG)
+    points = plan.expand(suite, CATALOG)
+    workflow = [p for p in points if p.target == "seg_jpeg"]
+    fused = [p for p in points if p.target == "seg_jpeg_fused"]
+    assert len(workflow) == 4 and {p.params["jpeg_batch_size"] for p in workflow} == {16, 32}
+    assert len(fused) == 2 and all("jpeg_batch_size" not in p.params for p in fused)  # one worker, one batch
+    point = next(p for p in workflow if p.params["jpeg_batch_size"] == 32 and p.params["encode_threads"] == 2)
+    nodes, stage, registration = plan.settings_for(point, CATALOG.targets["seg_jpeg"])
+    assert registration == {"seg": {"batch-size": 8, "max-batch-delay": 5}, "jpeg": {"batch-size": 32, "max-batch-delay": 5}}
+    assert nodes["jpeg"] == {"quality": 70, "encode_threads": 2, "threads": 1} and nodes["seg"]["encode_threads"] == 2
+    assert stage == {}
+    point = next(p for p in fused if p.params["encode_threads"] == 2)
+    nodes, stage, registration = plan.settings_for(point, CATALOG.targets["seg_jpeg_fused"])
+    assert stage == {"encode_threads": 2, "threads": 1}  # the fused worker's stages, not its nodes'
+    assert nodes["jpeg"] == {"quality": 70} and "encode_threads" not in nodes["seg"]
+
+
+def test_unknown_nodes_and_parameters_an_http_target_cannot_take_are_refused(tmp_path, monkeypatch):
+    monkeypatch.delenv("NO_SUCH_TOKEN", raising=False)
+    path = write(
+        tmp_path,
+        f"""
+        targets:
+          - seg_jpeg
+          - name: stock
+            url: http://127.0.0.1:1/predictions/x
+            headers: {{Authorization: "Bearer ${{NO_SUCH_TOKEN}}"}}
+        inputs: [{{images: ["{SAMPLES}"]}}]
+        grid:
+          archive: {{batch_size: [1, 8], nodes: {{jpg: {{batch_size: [4]}}}}}}
+          runtime: {{sge_workers: [2]}}
+        """,
+    )
+    with pytest.raises(UsageError) as error:
+        load_suite(path, CATALOG)
+    lines = str(error.value).splitlines()
+    assert any("grid.archive.nodes.jpg: unknown DAG node 'jpg' — did you mean 'jpeg'?" in line for line in lines)
+    assert any("grid.runtime.sge_workers: unknown node 'sge' — did you mean 'seg'?" in line for line in lines)
+    assert any("http target(s) stock take only load parameters; swept here: batch_size, nodes.jpg" in line for line in lines)
+    assert any("targets.stock.headers.Authorization: environment variable 'NO_SUCH_TOKEN' is not set" in line for line in lines)
+
+
+def test_an_http_target_is_measured_at_each_load_point_with_its_headers_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("STOCK_TOKEN", "s3cret")
+    path = write(
+        tmp_path,
+        f"""
+        targets:
+          - seg
+          - name: stock
+            url: http://127.0.0.1:1/predictions/x
+            headers: {{Authorization: "Bearer ${{STOCK_TOKEN}}"}}
+        inputs: [{{images: ["{SAMPLES}"]}}]
+        grid: {{load: {{concurrency: [1, 4]}}}}
+        """,
+    )
+    suite = load_suite(path, CATALOG)
+    assert suite.http_targets["stock"].headers == {"Authorization": "Bearer s3cret"}
+    points = plan.expand(suite, CATALOG)
+    stock = [p for p in points if p.target == "stock"]
+    assert [p.params for p in stock] == [{"concurrency": 1}, {"concurrency": 4}]
+    assert plan.cost(suite, points).restarts == 1  # only for seg
+
+
+def test_a_run_id_changes_with_the_load_settings_the_inputs_and_the_recipe(tmp_path):
+    from segserve.bench.session import Setup
+
+    weights = tmp_path / "seg.pt"
+    weights.write_bytes(b"weights")
+    first = write(tmp_path, f"targets: [seg_jpeg]\ninputs: [{{images: ['{SAMPLES}']}}]\nload: {{window_s: 2}}\n")
+    ids = lambda suite: [p.run_id for p in plan.expand(suite, CATALOG, Setup(suite, CATALOG, weights).digests())]  # noqa: E731
+    keys = lambda suite: [p.key for p in plan.expand(suite, CATALOG)]  # noqa: E731
+    base = load_suite(first, CATALOG)
+    other_load = load_suite(write(tmp_path, first.read_text().replace("window_s: 2", "window_s: 3"), "b.yaml"), CATALOG)
+    one_input = load_suite(write(tmp_path, first.read_text().replace("*.jpg", "shapes_0.jpg"), "c.yaml"), CATALOG)
+    assert keys(base) == keys(other_load) == keys(one_input)  # the same place in the space …
+    assert len({ids(base)[0], ids(other_load)[0], ids(one_input)[0]}) == 3  # … measured three ways
+    before = ids(base)
+    assert ids(base) == before  # stable
+    weights.write_bytes(b"other weights")  # the archive recipe carries the weights
+    assert ids(base) != before

@@ -97,15 +97,30 @@ def test_resume_skips_finished_points_and_compare_finds_no_regression(result_dir
 def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, trained_weights):
     import zipfile
 
-    from segserve.bench.runner import Bench
+    from segserve.bench.deploy import Deployment
+    from segserve.bench.plan import expand, settings_for
     from segserve.bench.suite import load_suite
+    from segserve.catalog import Catalog
 
+    catalog = Catalog(ROOT)
     suite_path = tmp_path / "fused.yaml"
-    suite_path.write_text("targets: [seg_jpeg_fused]\ninputs:\n  - raw: {count: 1}\ngrid:\n  archive: {jpeg_quality: [70]}\n")
-    bench = Bench(load_suite(suite_path), ROOT, tmp_path / "out", trained_weights, log=lambda _: None)
-    name = bench.archive_for("seg_jpeg_fused", {"jpeg_quality": 70, "overlap": True})
-    with zipfile.ZipFile(bench.store / name) as archive:
-        assert yaml.safe_load(archive.read("nodes/jpeg.yaml"))["handler"]["quality"] == 70
-        assert yaml.safe_load(archive.read("nodes/jpeg.yaml"))["handler"]["overlap"] is False  # the fused worker overlaps, not its nodes
-        assert yaml.safe_load(archive.read("seg_jpeg.yaml"))["dag"] == {"seg": ["jpeg"]}
-        assert "nodes/seg.yaml" in archive.namelist()
+    suite_path.write_text(
+        "targets: [seg_jpeg_fused]\ninputs:\n  - raw: {count: 1}\ngrid:\n  archive: {jpeg_quality: [70], overlap: [true]}\n"
+    )
+    suite = load_suite(suite_path, catalog)
+    (point,) = expand(suite, catalog)
+    nodes, stage, _ = settings_for(point, catalog.targets["seg_jpeg_fused"])
+    deployment = Deployment(suite, catalog, trained_weights, log=lambda _: None)
+    try:
+        archive = deployment.recipe.fused_archive(catalog.dags["seg_jpeg"], "fused-test", nodes, stage)
+        with zipfile.ZipFile(archive) as zipped:
+            jpeg_node = yaml.safe_load(zipped.read("nodes/jpeg.yaml"))["handler"]
+            assert jpeg_node["quality"] == 70
+            assert jpeg_node["overlap"] is False  # the fused worker overlaps, not its nodes
+            assert yaml.safe_load(zipped.read("MAR-INF/MANIFEST.json"))["model"]["modelName"] == "fused-test"
+            config = yaml.safe_load(zipped.read("fused-test.yaml"))
+            assert config["handler"]["overlap"] is True and config["handler"]["spec"] == "seg_jpeg.yaml"
+            assert yaml.safe_load(zipped.read("seg_jpeg.yaml"))["dag"] == {"seg": ["jpeg"]}
+            assert "nodes/seg.yaml" in zipped.namelist()
+    finally:
+        deployment.close()

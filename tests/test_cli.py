@@ -90,7 +90,7 @@ def test_serve_predict_and_stop_from_the_command_line(model_store, tmp_path, cap
     port = consecutive_free_ports(5)
     assert main(["serve", "--port-base", str(port), *args]) == 0
     try:
-        assert f"serving /wfpredict/seg_jpeg and /predictions/seg_jpeg_fused at http://127.0.0.1:{port}" in capsys.readouterr().out
+        assert f"/wfpredict/seg_jpeg, /predictions/seg_jpeg_fused at http://127.0.0.1:{port}" in capsys.readouterr().out
         assert main(["predict", str(ROOT / "samples" / "shapes_1.jpg"), "--out", str(tmp_path / "out"), *args]) == 0
         assert (tmp_path / "out" / "shapes_1.jpg").read_bytes()[:2] == b"\xff\xd8"
         pid = int((tmp_path / "run" / "server.pid").read_text())

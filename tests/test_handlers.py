@@ -188,7 +188,7 @@ def test_handlers_on_cuda_match_the_cpu(tiny_weights, seg, jpeg, tmp_path):
 
 
 def test_fused_pipeline_orders_chains_and_fan_outs_and_refuses_joins_and_cycles():
-    from handlers.pipeline import parse_dag
+    from handlers.dag import parse_dag
 
     assert parse_dag({"seg": ["jpeg"]}) == (["seg", "jpeg"], {"seg": ["jpeg"]}, "seg", ["jpeg"])
     assert parse_dag({"a": ["b"], "b": ["c"]}).order == ["a", "b", "c"]
@@ -214,7 +214,7 @@ def test_areas_counts_pixels_and_scales_boxes_to_the_original_image():
 
 
 def test_a_one_node_dag_is_refused_with_the_reason():
-    from handlers.pipeline import parse_dag
+    from handlers.dag import parse_dag
 
     with pytest.raises(ValueError, match="register that model itself"):
         parse_dag({"seg": []})

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from handlers.pinning import WORKERS_DIR, SharedCores, count_live_workers, register_worker
-from segserve.cli import start_pipeline
+from segserve.cli import served_targets, start_pipeline
 from segserve.errors import UsageError
 from segserve.http import request
 from segserve.pinning import live_affinity, load_plan
@@ -45,7 +45,7 @@ def test_plans_with_overlapping_or_missing_cores_are_refused(tmp_path):
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory, model_store):
     server = TorchServe(tmp_path_factory.mktemp("pinned"), model_store, ROOT / "config.properties", free_ports=True, core_plan=PLAN)
-    start_pipeline(server, log=lambda _: None)
+    start_pipeline(server, served_targets(None), log=lambda _: None)
     try:
         yield server
     finally:

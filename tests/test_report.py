@@ -5,26 +5,40 @@ import json
 
 import pytest
 
-from segserve.bench.report import (
-    _pareto_front,
-    compare,
-    efficiency,
-    read_summary,
-    render_table,
-    served_vs_bare,
-    time_breakdown,
-    write_report,
-    write_summary,
-)
+from segserve.bench.analysis import Pipeline, analyse, served_vs_bare
+from segserve.bench.compare import compare
+from segserve.bench.plots import pareto_front
+from segserve.bench.render import render_table
+from segserve.bench.report import write_report
+from segserve.bench.results import IDENTITY_KEYS, read_summary, write_summary
 from segserve.bench.schema import BASE_COLUMNS, EXTRA_COLUMNS
+from segserve.bench.sinks import FinishedRun, Plots
+from segserve.bench.suite import Suite
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PIPELINES = {"seg_jpeg": Pipeline(("seg", "jpeg"), "seg"), "seg_jpeg_fused": Pipeline(("seg", "jpeg"), "seg")}
 P99_MAX = {"latency_p99_ms": {"max": 200}}
 BARE = [
     {"batch_size": 8, "threads": 4, "throughput_ips": 95.0},  # faster, but not the pipeline's thread count
     {"batch_size": 8, "threads": 2, "throughput_ips": 80.0},
     {"batch_size": 1, "threads": 2, "throughput_ips": 23.0},
 ]
+
+
+def efficiency(records, constraints, objective, bare):
+    return analyse(records, constraints, objective, bare, PIPELINES).efficiency
+
+
+def time_breakdown(records, constraints, objective):
+    return analyse(records, constraints, objective, [], PIPELINES).breakdown
+
+
+def report(out_dir, name, records, swept, constraints, objective, bare, environment):
+    """report.md and the plots it links, as the sinks write them."""
+    analysis = analyse(records, constraints, objective, bare, PIPELINES)
+    suite = Suite(name=name, targets=["seg"], inputs=[{"images": ["x"]}], objective=objective)
+    Plots().finish(FinishedRun(out_dir, suite, records, swept, bare, analysis, environment))
+    return write_report(out_dir, name, records, swept, constraints, objective, analysis, environment)
 
 
 def record(run_id: str, target: str, throughput_rps: float | None, latency_p99_ms: float | None, **extra) -> dict:
@@ -83,7 +97,7 @@ def test_summary_jsonl_round_trips(tmp_path, records):
     assert len(loaded) == len(records)
     for original, back in zip(records, loaded, strict=True):
         assert back == {k: original.get(k) for k in back}
-        assert list(back) == BASE_COLUMNS + ["omp_num_threads", "seg_batch_size"] + EXTRA_COLUMNS
+        assert list(back) == BASE_COLUMNS + ["omp_num_threads", "seg_batch_size"] + EXTRA_COLUMNS + list(IDENTITY_KEYS)
 
 
 def test_efficiency_bounds_and_bare_pick(records):
@@ -129,13 +143,13 @@ def test_render_table_rounds_and_marks_missing():
 def test_pareto_front_keeps_only_undominated_points():
     points = [(10.0, 50.0), (20.0, 60.0), (15.0, 70.0), (30.0, 200.0), (5.0, 40.0)]
     # (15, 70) is beaten by (20, 60) on both throughput and p99
-    assert _pareto_front(points) == [(5.0, 40.0), (10.0, 50.0), (20.0, 60.0), (30.0, 200.0)]
+    assert pareto_front(points) == [(5.0, 40.0), (10.0, 50.0), (20.0, 60.0), (30.0, 200.0)]
 
 
 def test_report_sections_best_under_constraints_and_plots(tmp_path, records):
     environment = {"cpu_model": "Test CPU", "cores": 2, "versions": {"torch": "2.9"}, "git_sha": "abc1234"}
     swept = ["batch_size", "omp_num_threads"]
-    path = write_report(tmp_path, "quick", records, swept, P99_MAX, "throughput_rps", BARE, environment)
+    path = report(tmp_path, "quick", records, swept, P99_MAX, "throughput_rps", BARE, environment)
     text = path.read_text()
     assert path == tmp_path / "report.md"
     for heading in ["# Benchmark report: quick", "## Environment", "## Best configuration", "## Pipeline efficiency", "## seg", "## Flags"]:
@@ -171,7 +185,7 @@ def test_report_sections_best_under_constraints_and_plots(tmp_path, records):
 def test_report_with_nothing_satisfying_and_only_failed_points(tmp_path):
     failed = record("seg-broken", "seg", None, None, error="startup timeout", reconfigure_s=None, warmup_s=None, stable=None)
     single = record("jpeg-one", "jpeg", 300.0, 400.0)
-    path = write_report(tmp_path, "tiny", [failed, single], ["jpeg_quality"], P99_MAX, "latency_p99_ms", [], {})
+    path = report(tmp_path, "tiny", [failed, single], ["jpeg_quality"], P99_MAX, "latency_p99_ms", [], {})
     text = path.read_text()
     assert "- **seg**: no point satisfied the constraints." in text
     assert "- **jpeg**: no point satisfied the constraints." in text
@@ -281,3 +295,16 @@ def test_time_breakdown_splits_the_mean_latency_into_nodes_and_frontend_hops():
     )
     assert rows[1]["handler_ms_per_request"] is None  # no stage counters for that node
     assert rows[2]["node_ms"] == pytest.approx(12.0) and rows[2]["cpu_pct"] == 30.0  # 250 - 200 - 38: queue is inside node time
+
+
+def test_compare_refuses_points_measured_differently_and_says_what_differs(tmp_path):
+    from segserve.errors import UsageError
+
+    setup = {"load": "aaaa", "inputs": "bbbb", "recipe": "cccc", "server": "dddd"}
+    old = write_results(tmp_path / "old", [record("seg-1", "seg", 100.0, 100.0, point_key="k1", setup=setup)])
+    new_setup = {**setup, "load": "eeee", "inputs": "ffff"}
+    new = write_results(tmp_path / "new", [record("seg-2", "seg", 100.0, 100.0, point_key="k1", setup=new_setup)])
+    with pytest.raises(UsageError, match=r"seg seg-1 vs seg-2: measured with other inputs, load"):
+        compare(old, new)
+    same = write_results(tmp_path / "same", [record("seg-1", "seg", 99.0, 100.0, point_key="k1", setup=setup)])
+    assert compare(old, same)[1] is False

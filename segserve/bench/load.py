@@ -35,6 +35,7 @@ class LoadSpec:
     seed: int = 0
     timeout_s: float = 30.0
     content_type: str = "application/octet-stream"
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request (an http target's, e.g. Authorization)
 
     def __post_init__(self):
         parts = urlsplit(self.url)
@@ -193,6 +194,7 @@ class _Run:
         head = f"POST {spec.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: {spec.content_type}\r\n"
         if spec.token:
             head += f"Authorization: Bearer {spec.token}\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in spec.headers.items())
         self.requests = [(head + f"Content-Length: {len(body)}\r\n\r\n").encode("latin-1") + body for body in spec.bodies]
         self.sent = 0
         self.connections: list[_Connection] = []

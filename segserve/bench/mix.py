@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torchvision.io import encode_jpeg
 
 from segserve.bench.load import LoadResult, LoadSpec, run_load
-from segserve.predict import TARGETS as PATHS
 from segserve.server import TorchServe
 from segserve.synthetic import make_sample
 
@@ -59,11 +58,11 @@ def measure(server: TorchServe, path: str, small: list[bytes], large: bytes | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from segserve.cli import start_pipeline
+    from segserve.cli import served_targets, start_pipeline
 
     parser = argparse.ArgumentParser(prog="python -m segserve.bench.mix", description=__doc__.splitlines()[0])
     parser.add_argument("--model-store", default="model_store")
-    parser.add_argument("--targets", default="seg_jpeg_fused,seg_jpeg", help=f"comma-separated, of {', '.join(PATHS)}")
+    parser.add_argument("--targets", default="seg_jpeg_fused,seg_jpeg", help="comma-separated catalog targets that take images")
     parser.add_argument("--seconds", type=float, default=20, help="each measurement (default 20)")
     parser.add_argument("--rounds", type=int, default=2, help="alone/with-large pairs per target (default 2)")
     parser.add_argument("--concurrency", type=int, default=4, help="small-request connections (default 4)")
@@ -75,14 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"small: {len(small)} sample JPEGs of ~{small_kb} KB; large: a 6250x4000 JPEG of {len(large) // 1000} KB")
     with tempfile.TemporaryDirectory(prefix="segserve-mix-") as tmp:
         server = TorchServe(Path(tmp), Path(args.model_store), ROOT / "config.properties", free_ports=True)
-        start_pipeline(server, log=lambda _: None)
+        targets = {t.name: t for t in served_targets(args.targets)}
+        start_pipeline(server, list(targets.values()), log=lambda _: None)
         try:
             header = ("target", "large/s", "small p50", "small p99", "small rps", "large p50", "large ok")
             print("{:16s} {:>7s} {:>10s} {:>10s} {:>9s} {:>10s} {:>8s}".format(*header))
             for target in args.targets.split(","):
                 for _ in range(args.rounds):
                     for with_large in (False, True):
-                        small_result, large_result = measure(server, PATHS[target], small, large if with_large else None, args)
+                        small_result, large_result = measure(server, targets[target].endpoint, small, large if with_large else None, args)
                         p50, p99 = percentiles_ms(small_result)
                         rps = sum(small_result.ok) / small_result.wall_s
                         large_p50 = percentiles_ms(large_result)[0] if large_result else float("nan")

@@ -1,8 +1,9 @@
-"""From a suite to an ordered list of run points, and what running them costs.
+"""From a suite to its space of run points, what each point sets where, and what running points costs.
 
-Points are ordered so that the server restarts only when a server-level value
-changes and a target is re-registered only when an archive-level value
-changes; runtime values (workers) are changed live and load values cost nothing.
+Every point of a target is a combination of the parameters that apply to it (segserve/bench/params.py
+says which). The grid order puts the server outermost, then the target, archive, runtime and load, so
+the server restarts only when a server value changes and a target is re-registered only when an
+archive value changes; runtime values (workers) change live and load values cost nothing.
 """
 
 import hashlib
@@ -10,10 +11,10 @@ import itertools
 import json
 from dataclasses import dataclass
 
+from segserve.bench.params import PARAMS, at_level, node_param, workers_param
 from segserve.bench.suite import Suite
+from segserve.catalog import Catalog, Target
 
-TARGET_ORDER = ("seg", "jpeg", "seg_jpeg", "seg_jpeg_fused")
-STAGES = {"seg": ("seg",), "jpeg": ("jpeg",), "seg_jpeg": ("seg", "jpeg"), "seg_jpeg_fused": ("seg", "jpeg")}
 # Rough costs for the estimate printed by --dry-run (measured on a 2-core machine).
 RESTART_S, REGISTER_S, SCALE_S = 12.0, 6.0, 3.0
 
@@ -27,24 +28,31 @@ class Point:
     archive: Params
     runtime: Params
     load: Params
+    setup: str = ""  # digest of what else changes the measurement (load settings, inputs, recipe, server config)
 
     @property
     def params(self) -> dict:
         return dict(self.server + self.archive + self.runtime + self.load)
 
     @property
+    def key(self) -> str:
+        """The point's place in the space (target and parameters), whatever else it was measured with."""
+        return hashlib.sha1(json.dumps([self.target, sorted(self.params.items())], default=str).encode()).hexdigest()[:8]
+
+    @property
     def run_id(self) -> str:
-        """Stable across runs of the same suite, so --resume and `bench compare` can match points."""
-        digest = hashlib.sha1(json.dumps([self.target, sorted(self.params.items())], default=str).encode()).hexdigest()
+        """Stable across runs of the same suite and setup, so --resume and `bench compare` can match points;
+        another load, inputs, archive recipe or server config gives another id."""
+        digest = hashlib.sha1(f"{self.key}:{self.setup}".encode()).hexdigest()
         return f"{self.target}-{digest[:8]}"
 
     @property
     def workers(self) -> dict[str, int]:
-        """Workers per registered model name suffix: {"seg": 1} or {"seg": 1, "jpeg": 2}; fused: {"seg_jpeg_fused": n}."""
+        """Workers per node (`<node>_workers`), or of the one model ({"workers": n})."""
         runtime = dict(self.runtime)
         if "workers" in runtime:
-            return {self.target: runtime["workers"]}
-        return {stage: runtime[f"{stage}_workers"] for stage in STAGES[self.target]}
+            return {"workers": runtime["workers"]}
+        return {name.removesuffix("_workers"): count for name, count in runtime.items()}
 
 
 def _axis(values: dict) -> list[Params]:
@@ -53,42 +61,74 @@ def _axis(values: dict) -> list[Params]:
     return [tuple(zip(names, combo, strict=True)) for combo in itertools.product(*(values[n] for n in names))]
 
 
-def _runtime_axis(suite: Suite, target: str) -> list[Params]:
+def archive_values(suite: Suite, target: Target) -> dict:
+    """The archive-level parameters that apply to a target, DAG-wide and per node, with the suite's values."""
+    archive = suite.grid.archive
+    values = {p.name: getattr(archive, p.name) for p in at_level("archive") if p.applies_to_handlers(target.handlers)}
+    if target.kind == "model":
+        return values
+    by_node = {node.name: node.model.handler for node in target.nodes}
+    for node, given in archive.nodes.items():
+        if node not in by_node:
+            continue
+        for name, options in given.model_dump(exclude_none=True).items():
+            param = PARAMS[name]
+            # the fused twin runs one batch in one worker: only a node's own handler settings apply per node
+            fused_ok = not (param.stage or param.registration)
+            if param.applies_to_handlers({by_node[node]}) and (target.kind == "workflow" or fused_ok):
+                values[node_param(node, name)] = options
+    return values
+
+
+def runtime_axis(suite: Suite, target: Target) -> list[Params]:
     runtime = suite.grid.runtime
-    if target == "seg_jpeg_fused":  # one model runs both stages
+    if not target.scaled_nodes:  # the fused twin: one model runs every node
         return _axis({"workers": runtime.workers})
-    per_stage = {stage: getattr(runtime, f"{stage}_workers") for stage in STAGES[target]}
-    if all(v is None for v in per_stage.values()) and len(per_stage) > 1:
+    per_node = {node: getattr(runtime, workers_param(node), None) for node in target.scaled_nodes}
+    if all(v is None for v in per_node.values()) and len(per_node) > 1:
         # Only `workers` given: the same count for every node, not every combination.
-        return [tuple((f"{stage}_workers", w) for stage in STAGES[target]) for w in runtime.workers]
-    return _axis({f"{stage}_workers": values or runtime.workers for stage, values in per_stage.items()})
+        return [tuple((workers_param(node), w) for node in sorted(per_node)) for w in runtime.workers]
+    return _axis({workers_param(node): values or runtime.workers for node, values in per_node.items()})
 
 
-def expand(suite: Suite) -> list[Point]:
-    grid = suite.grid
-    server_axis = _axis(grid.server.model_dump())
+def expand(suite: Suite, catalog: Catalog, setups: dict[str, str] | None = None) -> list[Point]:
+    """Every point of the suite in the grid's order; `setups`: target → its setup digest."""
+    grid, setups = suite.grid, setups or {}
+    order = [*catalog.targets, *suite.http_targets]
     load_axis = _axis(grid.load.model_dump())
     points = []
-    for target in sorted(suite.targets, key=TARGET_ORDER.index):
-        stages = STAGES[target]
-        archive_values = {
-            "batch_size": grid.archive.batch_size,
-            "max_batch_delay_ms": grid.archive.max_batch_delay_ms,
-            "micro_batch_size": grid.archive.micro_batch_size,
-            "overlap": grid.archive.overlap,
-            "decode_threads": grid.archive.decode_threads,
-        }
-        if "seg" in stages:
-            archive_values["precision"] = grid.archive.precision
-            archive_values["input_size"] = grid.archive.input_size
-        if "jpeg" in stages:
-            archive_values["jpeg_quality"] = grid.archive.jpeg_quality
-        for server, archive, runtime, load in itertools.product(
-            server_axis, _axis(archive_values), _runtime_axis(suite, target), load_axis
-        ):
-            points.append(Point(target, server, archive, runtime, load))
+    for name in sorted(suite.target_names, key=order.index):
+        if name in suite.http_targets:  # measured as it is: load parameters only, no server of ours
+            points += [Point(name, (), (), (), load, setups.get(name, "")) for load in load_axis]
+            continue
+        target = catalog.targets[name]
+        axes = (_axis(grid.server.model_dump()), _axis(archive_values(suite, target)), runtime_axis(suite, target), load_axis)
+        points += [Point(name, *combo, setups.get(name, "")) for combo in itertools.product(*axes)]
     # Cheapest order: server settings outermost, then target, archive, runtime, load.
-    return sorted(points, key=lambda p: (repr(p.server), TARGET_ORDER.index(p.target), repr(p.archive), repr(p.runtime), repr(p.load)))
+    return sorted(points, key=lambda p: (repr(p.server), order.index(p.target), repr(p.archive), repr(p.runtime), repr(p.load)))
+
+
+def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, dict[str, dict]]:
+    """What a point sets where: (node → `handler:` settings, the fused worker's settings, node → TorchServe
+    registration values {"batch-size", "max-batch-delay"}); per-node values override DAG-wide ones."""
+    params = dict(point.archive)
+    node_settings: dict[str, dict] = {}
+    stage: dict = {}
+    registration: dict[str, dict] = {}
+    for node in target.nodes:
+        handlers = {node.model.handler}
+        for param in (PARAMS[name] for name in PARAMS if PARAMS[name].level == "archive"):
+            for given in (param.name, node_param(node.name, param.name)):  # DAG-wide first, then the node's own
+                if given not in params or not param.applies_to_handlers(handlers):
+                    continue
+                value = params[given]
+                if param.registration:
+                    registration.setdefault(node.name, {})[param.registration] = value
+                elif param.stage and target.kind == "fused":
+                    stage.update(param.handler_settings(value))
+                else:
+                    node_settings.setdefault(node.name, {}).update(param.handler_settings(value))
+    return node_settings, stage, registration
 
 
 def swept(points: list[Point]) -> list[str]:
@@ -114,7 +154,9 @@ def cost(suite: Suite, points: list[Point]) -> PlanCost:
     restarts = registrations = scales = 0
     previous = None
     for point in points:
-        if previous is None or point.server != previous.server:
+        if point.target in suite.http_targets:
+            pass  # nothing of ours to start
+        elif previous is None or previous.target in suite.http_targets or point.server != previous.server:
             restarts += 1
             registrations += 1
         elif (point.target, point.archive) != (previous.target, previous.archive):

@@ -1,22 +1,27 @@
-"""A whole suite run: the result folder, the bare-model measurement, summary, report, best/, and what the terminal shows."""
+"""A whole suite run: the result folder, the points and their setup, the loop, the bare-model measurement,
+and the sinks that write what was measured."""
 
+import hashlib
 import json
 import os
 import platform
 import shutil
 import subprocess
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
-import yaml
-
 from segserve.bench import plan as planning
-from segserve.bench import report
-from segserve.bench.runner import Bench
-from segserve.bench.schema import best
+from segserve.bench.analysis import Pipeline, analyse
+from segserve.bench.deploy import Deployment
+from segserve.bench.inputs import class_maps, request_bodies
+from segserve.bench.results import read_runs
+from segserve.bench.runner import Runner, bare_throughputs
+from segserve.bench.search import make_strategy
+from segserve.bench.sinks import Best, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.suite import Suite
+from segserve.catalog import Catalog
 from segserve.errors import UsageError
-from segserve.server import render_config
 
 
 def environment(root: Path) -> dict:
@@ -40,37 +45,74 @@ def environment(root: Path) -> dict:
     }
 
 
-def write_best(out_dir: Path, root: Path, records: list[dict], suite: Suite) -> dict | None:
-    """best/config.properties and best/seg_jpeg.yaml from the best pipeline point (else the best point of any target)."""
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    for target in ("seg_jpeg", "seg_jpeg_fused", "seg", "jpeg"):
-        chosen = best([r for r in records if r["target"] == target], constraints, suite.objective)
-        if chosen:
-            break
-    else:
-        return None
-    best_dir = out_dir / "best"
-    best_dir.mkdir(exist_ok=True)
-    overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
-    render_config(root / "config.properties", best_dir / "config.properties", overrides)
-    note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s)."
-    if chosen.get("omp_num_threads"):
-        note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
-    text = (best_dir / "config.properties").read_text()
-    (best_dir / "config.properties").write_text(note + "\n" + text)
-    spec = yaml.safe_load((root / "workflows" / "seg_jpeg.yaml").read_text())
-    spec["models"]["batch-size"] = chosen["batch_size"]
-    spec["models"]["max-batch-delay"] = chosen["max_batch_delay_ms"]
-    for stage in ("seg", "jpeg"):
-        workers = chosen.get(f"{stage}_workers") or chosen["workers"]
-        spec["models"][stage].update({"min-workers": workers, "max-workers": workers})
-    (best_dir / "seg_jpeg.yaml").write_text(f"# From {chosen['run_id']} ({chosen['target']}).\n" + yaml.safe_dump(spec, sort_keys=False))
-    return chosen
+def _digest(*parts) -> str:
+    sha = hashlib.sha1()
+    for part in parts:
+        sha.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+    return sha.hexdigest()[:8]
 
 
-def run_suite(suite_path: Path, suite: Suite, root: Path, results_root: Path, weights: Path, resume: Path | None, log=print) -> Path:
-    """Measure every point (skipping finished ones with --resume) and write the result folder; return it."""
+class Setup:
+    """Request bodies per target and what, besides a point's parameters, changes its measurement: the load
+    settings, the inputs, the archive recipe (node configs, DAG spec, weights) and the server config."""
 
+    def __init__(self, suite: Suite, catalog: Catalog, weights: Path):
+        self.suite, self.catalog, self.weights = suite, catalog, weights
+
+    @cache  # noqa: B019 (one Setup per run)
+    def images(self) -> tuple[bytes, ...]:
+        return tuple(request_bodies(self.suite))
+
+    @cache  # noqa: B019
+    def bodies_for(self, name: str) -> list[bytes]:
+        target = self.catalog.targets.get(name)
+        if target is None or target.takes == "image":
+            return list(self.images())
+        # class maps: what the model that turns images into class maps answers for the images
+        producer = next(m for m in self.catalog.models.values() if m.takes == "image" and m.gives == target.takes)
+        return class_maps(list(self.images()), self.weights, producer.config)
+
+    def parts(self, name: str) -> dict[str, str]:
+        root, suite = self.catalog.root, self.suite
+        parts = {"load": _digest(suite.load.model_dump()), "inputs": _digest(*self.images())}
+        http = suite.http_targets.get(name)
+        if http is not None:
+            return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
+        target = self.catalog.targets[name]
+        files = {node.model.config for node in target.nodes}
+        if target.dag:
+            dag = self.catalog.dags[target.dag]
+            files |= {dag.spec_path, dag.fused_config}
+        recipe = [path.read_bytes() for path in sorted(files) if path.exists()]
+        if any(node.model.weights for node in target.nodes) and self.weights.exists():  # --dry-run may come before training
+            recipe.append(self.weights.read_bytes())
+        server = [(root / "config.properties").read_bytes()]
+        if suite.core_plan:
+            server.append(Path(suite.core_plan).read_bytes())
+        return {**parts, "recipe": _digest(*recipe), "server": _digest(*server)}
+
+    def digests(self) -> dict[str, str]:
+        return {name: _digest(self.parts(name)) for name in self.suite.target_names}
+
+
+def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
+    result = {}
+    for name in names:
+        target = catalog.targets.get(name)
+        if target is not None and target.kind != "model":
+            weights_node = next((n.name for n in target.nodes if n.model.weights), None)
+            result[name] = Pipeline(target.members, weights_node)
+    return result
+
+
+def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.Point]:
+    """The points with the run ids a run will give them (--dry-run)."""
+    return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
+
+
+def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Path, weights: Path, resume: Path | None, log=print) -> Path:
+    """Measure what the strategy proposes (skipping points already measured the same way with --resume) and
+    hand every record to the sinks; return the result folder."""
     if not weights.exists():
         raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
     if resume is not None:
@@ -81,40 +123,24 @@ def run_suite(suite_path: Path, suite: Suite, root: Path, results_root: Path, we
         out_dir = results_root / suite.name / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(suite_path, out_dir / "suite.yaml")
-    env_info = environment(root)
-    bench = Bench(suite, root, out_dir, weights, log)
-    log(planning.describe(suite, bench.points).splitlines()[-1])
-    records = bench.run(env_info)
-    log("measuring the bare model's forward throughput (the compute limit) …")
-    bare = bench.bare_throughputs(records)
-    (out_dir / "bare.json").write_text(json.dumps(bare, indent=2) + "\n")
-    swept = planning.swept(bench.points)
+    env_info = environment(catalog.root)
+    setup = Setup(suite, catalog, weights)
+    parts = {name: setup.parts(name) for name in suite.target_names}
+    points = planning.expand(suite, catalog, {name: _digest(p) for name, p in parts.items()})
+    strategy = make_strategy("grid", points)
+    done = read_runs(out_dir)
+    kept = sum(1 for p in points if p.run_id in done and not done[p.run_id].get("error"))
+    if done:
+        log(f"resuming: {kept} of {len(points)} points already measured the same way")
+    log(planning.describe(suite, points).splitlines()[-1])
+    sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog), Terminal(log)]
+    deployment = Deployment(suite, catalog, weights, log)
+    runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)
+    records = runner.run(done, lambda point: {"environment": env_info, "setup": parts[point.target]})
+    bare = bare_throughputs(records, weights, runner.weights_node, log)
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    report.write_summary(out_dir, records, swept)
-    report_path = report.write_report(out_dir, suite.name, records, swept, constraints, suite.objective, bare, env_info)
-    write_best(out_dir, root, records, suite)
-    log(terminal_summary(records, swept, constraints, suite.objective, bare))
-    log(f"results: {out_dir}  (report: {report_path})")
+    analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names))
+    finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info)
+    for sink in sinks:
+        sink.finish(finished)
     return out_dir
-
-
-def terminal_summary(records: list[dict], swept: list[str], constraints: dict, objective: str, bare: list[dict]) -> str:
-    """What a user sees at the end of a run: every point in one table, then the efficiency table."""
-    columns = ["run_id", *[p for p in swept if p != "target"], "throughput_rps", "latency_p50_ms", "latency_p99_ms"]
-    columns += ["requests_failed", "server_queue_ms", "reconfigure_s", "error"]
-    text = "\n" + report.render_table(records, columns)
-    served = report.served_vs_bare(records, constraints, objective, bare)
-    if served:
-        text += "\n\nServed seg vs bare forward (best batch size per thread count):\n" + report.render_table(served, list(served[0]))
-    rows = report.efficiency(records, constraints, objective, bare)
-    if rows:
-        text += "\n\nPipeline efficiency (best point of each target):\n"
-        text += report.render_table(rows, ["pipeline", "pipeline_rps", "seg_rps", "jpeg_rps", "shared_bound_rps", "ratio_shared"])
-        text += "\n\n" + report.render_table(
-            rows, ["pipeline", "disjoint_bound_rps", "ratio_disjoint", "bare_rps", "ratio_bare", "bare_batch_size"]
-        )
-    breakdown = report.time_breakdown(records, constraints, objective)
-    if breakdown:
-        text += "\n\nWhere a pipeline request's time goes (ms per request; node_ms holds the queue; see report.md):\n"
-        text += report.render_table(breakdown, list(breakdown[0]))
-    return text

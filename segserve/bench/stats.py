@@ -27,3 +27,9 @@ def spread(values: list[float]) -> float:
 def stable_tail(window_throughputs: list[float], count: int, tolerance: float) -> bool:
     """True when the last `count` windows agree within `tolerance` (relative spread)."""
     return len(window_throughputs) >= count and spread(window_throughputs[-count:]) <= tolerance
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator

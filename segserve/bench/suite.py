@@ -8,17 +8,20 @@ with "did you mean"; each error is one line `file: dotted.path: message`.
 
 import difflib
 import glob
+import os
 import re
+import string
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, field_validator, model_validator
 
+from segserve.bench.params import LEVELS, at_level
 from segserve.bench.schema import METRICS
+from segserve.catalog import Catalog, unknown
 from segserve.errors import UsageError
 
-Target = Literal["seg", "jpeg", "seg_jpeg", "seg_jpeg_fused"]
 PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
 
 
@@ -46,46 +49,41 @@ class InputSpec(Strict):
         return self
 
 
-class ServerGrid(Strict):
-    """Needs a TorchServe restart."""
-
-    omp_num_threads: PositiveInts | None = None  # OMP_NUM_THREADS for every worker (unset: torch's default)
-    netty_threads: PositiveInts | None = None  # number_of_netty_threads of the frontend
-    # OMP_WAIT_POLICY for every worker: "passive" stops idle OpenMP threads from spinning on cores the
-    # frontend and the decoders need (libgomp spins by default).
-    omp_wait_policy: list[Literal["active", "passive"]] | None = None
-    # none: no pinning; torchserve: its own launcher (cpu_launcher_enable, needs numactl);
-    # plan: the suite's core_plan (segserve/pinning.py)
-    pinning: list[Literal["none", "torchserve", "plan"]] | None = None
+def _grid_fields(params, all_optional: bool = False) -> dict:
+    """pydantic fields from the parameter declarations: a non-empty list of values each; the declared default
+    when the suite gives none, else None (left out of the points)."""
+    fields = {}
+    for param in params:
+        values = Annotated[list[param.item], Field(min_length=1, description=param.doc)]
+        fields[param.name] = (values | None, None) if param.default is None or all_optional else (values, list(param.default))
+    return fields
 
 
-class ArchiveGrid(Strict):
-    """Needs re-registration (and, for precision/quality, a rebuilt archive)."""
-
-    batch_size: PositiveInts = [8]
-    max_batch_delay_ms: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = [5]
-    precision: list[Literal["fp32", "fp16", "bf16"]] = ["fp32"]
-    jpeg_quality: list[Annotated[int, Field(ge=1, le=100)]] = [90]
-    # Model input [height, width] of the seg stage; images are resized to it (raw inputs must match it).
-    input_size: list[tuple[Annotated[int, Field(ge=32)], Annotated[int, Field(ge=32)]]] | None = None
-    # Handler stage settings (handlers/base.py RunnerSettings), for every stage of the target.
-    micro_batch_size: list[Annotated[int, Field(ge=0)]] | None = None
-    overlap: list[bool] | None = None
-    decode_threads: PositiveInts | None = None
+ServerGrid = create_model("ServerGrid", __base__=Strict, **_grid_fields(at_level("server")))
+NodeArchiveGrid = create_model("NodeArchiveGrid", __base__=Strict, **_grid_fields([p for p in at_level("archive") if p.per_node], True))
 
 
-class RuntimeGrid(Strict):
-    """Changed live through the management API (PUT /models/<name>?min_worker=&max_worker=)."""
+class ArchiveGrid(create_model("ArchiveFields", __base__=Strict, **_grid_fields(at_level("archive")))):
+    """Needs re-registration (and a new archive for handler settings); `nodes:` gives per-node values."""
 
-    workers: PositiveInts = [1]
-    seg_workers: PositiveInts | None = None  # the seg stage (member model or workflow node); default: workers
-    jpeg_workers: PositiveInts | None = None
+    nodes: dict[str, NodeArchiveGrid] = {}
 
 
-class LoadGrid(Strict):
-    concurrency: PositiveInts | None = None  # closed loop: connections
-    request_rate_rps: list[Annotated[float, Field(gt=0)]] | None = None  # open loop: arrivals per second
+class RuntimeGrid(create_model("RuntimeFields", __base__=Strict, **_grid_fields(at_level("runtime")))):
+    """Changed live through the management API: `workers`, and `<node>_workers` for one node."""
 
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def per_node_workers(self):
+        for key, values in (self.model_extra or {}).items():
+            if not key.endswith("_workers"):
+                raise ValueError(f"unknown key {key!r}: runtime takes workers and <node>_workers (e.g. seg_workers)")
+            setattr(self, key, TypeAdapter(PositiveInts).validate_python(values))
+        return self
+
+
+class LoadGrid(create_model("LoadFields", __base__=Strict, **_grid_fields(at_level("load")))):
     @model_validator(mode="after")
     def one_load_mode(self):
         if (self.concurrency is None) == (self.request_rate_rps is None):
@@ -98,6 +96,14 @@ class Grid(Strict):
     archive: ArchiveGrid = ArchiveGrid()
     runtime: RuntimeGrid = RuntimeGrid()
     load: LoadGrid = LoadGrid(concurrency=[8])
+
+
+class HttpTarget(Strict):
+    """An endpoint segserve did not deploy: only load parameters apply. ${VAR} in headers: the environment's."""
+
+    name: Annotated[str, Field(pattern=r"^[\w.-]+$")]
+    url: Annotated[str, Field(pattern=r"^https?://")]
+    headers: dict[str, str] = {}
 
 
 class LoadSettings(Strict):
@@ -126,7 +132,7 @@ class Bound(Strict):
 
 class Suite(Strict):
     name: str | None = None
-    targets: Annotated[list[Target], Field(min_length=1)]
+    targets: Annotated[list[str | HttpTarget], Field(min_length=1)]
     inputs: Annotated[list[InputSpec], Field(min_length=1)]
     grid: Grid = Grid()
     load: LoadSettings = LoadSettings()
@@ -154,10 +160,19 @@ class Suite(Strict):
 
     @field_validator("targets")
     @classmethod
-    def distinct_targets(cls, targets: list[str]) -> list[str]:
-        if len(set(targets)) != len(targets):
-            raise ValueError(f"a target is listed twice (got {targets})")
+    def distinct_targets(cls, targets: list) -> list:
+        names = [t if isinstance(t, str) else t.name for t in targets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a target is listed twice (got {names})")
         return targets
+
+    @property
+    def target_names(self) -> list[str]:
+        return [t if isinstance(t, str) else t.name for t in self.targets]
+
+    @property
+    def http_targets(self) -> dict[str, HttpTarget]:
+        return {t.name: t for t in self.targets if isinstance(t, HttpTarget)}
 
 
 def _check_metric(tag: str) -> str:
@@ -173,8 +188,8 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
         if isinstance(part, int) or model is None:
             continue
         field = model.model_fields.get(part)
-        if field is None:
-            return []
+        if field is None:  # a mapping's key (grid.archive.nodes.<node>): the model stays the mapping's value
+            continue
         annotation = field.annotation
         candidates = [annotation, *getattr(annotation, "__args__", ())]
         candidates += [a for c in candidates for a in getattr(c, "__args__", ())]
@@ -202,8 +217,8 @@ def format_errors(path: Path, error: ValidationError) -> list[str]:
     return lines
 
 
-def load_suite(path: Path) -> Suite:
-    """Parse and validate a suite file; UsageError carries one line per problem."""
+def load_suite(path: Path, catalog: Catalog) -> Suite:
+    """Parse and validate a suite file against the catalog; UsageError carries one line per problem."""
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as error:
@@ -212,13 +227,66 @@ def load_suite(path: Path) -> Suite:
         raise UsageError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: a suite is a mapping with 'targets' and 'inputs' (got {type(raw).__name__})")
+    unknown_targets = [
+        f"{path}: targets.{index}: {unknown('target', name, catalog.targets)}"
+        for index, name in enumerate(raw.get("targets") or [] if isinstance(raw.get("targets"), list) else [])
+        if isinstance(name, str) and name not in catalog.targets
+    ]
     try:
         suite = Suite.model_validate(raw)
     except ValidationError as error:
-        raise UsageError("\n".join(format_errors(path, error))) from None
+        raise UsageError("\n".join(unknown_targets + format_errors(path, error))) from None
+    if unknown_targets:
+        raise UsageError("\n".join(unknown_targets))
     missing = [pattern for spec in suite.inputs for pattern in spec.images or [] if not glob.glob(pattern)]
     if missing:
         raise UsageError("\n".join(f"{path}: inputs: no file matches {pattern!r}" for pattern in missing))
+    problems = catalog_problems(suite, catalog) + expand_headers(suite)
+    if problems:
+        raise UsageError("\n".join(f"{path}: {problem}" for problem in problems))
     if suite.name is None:
         suite.name = path.stem
     return suite
+
+
+def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
+    """Target, node and parameter names the catalog does not know; parameters an http target cannot take."""
+    problems = []
+    deployed = [t for t in suite.targets if isinstance(t, str)]
+    for name in suite.http_targets:
+        if name in catalog.targets:
+            problems.append(f"targets: {name!r} is a catalog target: give the http target another name")
+    known = [catalog.targets[n] for n in deployed if n in catalog.targets]
+    nodes = list(dict.fromkeys(node.name for t in known for node in t.nodes if t.kind != "model"))
+    for node in suite.grid.archive.nodes:
+        if node not in nodes:
+            problems.append(f"grid.archive.nodes.{node}: {unknown('DAG node', node, nodes)}")
+    scaled = list(dict.fromkeys(node for t in known for node in t.scaled_nodes))
+    for key in suite.grid.runtime.model_extra or {}:
+        if key.removesuffix("_workers") not in scaled:
+            problems.append(f"grid.runtime.{key}: {unknown('node', key.removesuffix('_workers'), scaled)} (key: <node>_workers)")
+    if suite.http_targets:
+        grid = suite.grid
+        swept = [
+            name
+            for level in LEVELS[:-1]
+            for name, values in getattr(grid, level).model_dump(exclude={"nodes"}).items()
+            if isinstance(values, list) and len(values) > 1
+        ]
+        swept += [f"nodes.{node}" for node in grid.archive.nodes]
+        if swept:
+            names = ", ".join(suite.http_targets)
+            problems.append(f"targets: http target(s) {names} take only load parameters; swept here: {', '.join(swept)}")
+    return problems
+
+
+def expand_headers(suite: Suite) -> list[str]:
+    """${VAR} in an http target's headers from the environment (a token stays out of the suite file)."""
+    problems = []
+    for target in suite.http_targets.values():
+        for header, value in target.headers.items():
+            try:
+                target.headers[header] = string.Template(value).substitute(os.environ)
+            except (KeyError, ValueError) as error:
+                problems.append(f"targets.{target.name}.headers.{header}: environment variable {error} is not set")
+    return problems

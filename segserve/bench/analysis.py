@@ -1,0 +1,158 @@
+"""What the records say, computed once for every renderer (report, terminal summary, plots, best/): the
+winner of each target under the constraints, served vs bare, pipeline efficiency, where time goes."""
+
+from dataclasses import dataclass
+
+from segserve.bench.schema import best
+from segserve.bench.stats import ratio
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A DAG target as the analyses see it: its member model targets and the node that carries the weights."""
+
+    members: tuple[str, ...]
+    weights_node: str | None
+
+
+@dataclass
+class Analysis:
+    targets: list[str]  # in the order the records first name them
+    winners: dict[str, dict | None]
+    served_vs_bare: list[dict]
+    efficiency: list[dict]
+    breakdown: list[dict]
+
+
+def analyse(records: list[dict], constraints: dict, objective: str, bare: list[dict], pipelines: dict[str, Pipeline]) -> Analysis:
+    targets = list(dict.fromkeys(r.get("target") for r in records))
+    winners = {t: best([r for r in records if r.get("target") == t], constraints, objective) for t in targets}
+    return Analysis(
+        targets,
+        winners,
+        served_vs_bare(records, constraints, objective, bare),
+        efficiency(winners, bare, pipelines),
+        time_breakdown(winners, pipelines),
+    )
+
+
+def _pick_bare(bare: list[dict], batch_size, threads, input_size=None) -> dict | None:
+    """The bare forward measurement matching the batch size and input size (and threads when known, else the fastest)."""
+    input_size = list(input_size or (256, 448))
+    same_batch = [b for b in bare if b.get("batch_size") == batch_size and list(b.get("input_size") or (256, 448)) == input_size]
+    exact = [b for b in same_batch if threads is not None and b.get("threads") == threads]
+    candidates = exact or same_batch
+    return max(candidates, key=lambda b: b.get("throughput_ips") or 0) if candidates else None
+
+
+def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
+    """Per target measured beside the bare forward (the model that carries the weights, alone) and per thread
+    count and input size: its best batch size against the bare forward at the same batch size, threads and
+    input size. The first row of each target is its overall winner."""
+    rows = []
+    for target in dict.fromkeys(r.get("target") for r in records if r.get("bare_forward_ips") is not None):
+        points = [r for r in records if r.get("target") == target]
+        winner = best(points, constraints, objective)
+        if winner is None:
+            continue
+        groups: dict[tuple, list[dict]] = {}
+        for r in points:
+            groups.setdefault((r.get("omp_num_threads"), str(r.get("input_size"))), []).append(r)
+        group_winners = [best(group, constraints, objective) for group in groups.values()]
+        for point in [winner] + [w for w in group_winners if w is not None and w is not winner]:
+            entry = _pick_bare(bare, point.get("batch_size"), point.get("omp_num_threads"), point.get("input_size")) or {}
+            beside = point.get("bare_forward_ips")  # measured right after the point: the fairer comparison
+            rows.append(
+                {
+                    "target": target,
+                    "run_id": point["run_id"],
+                    "batch_size": point.get("batch_size"),
+                    "threads": entry.get("threads", point.get("omp_num_threads")),
+                    "served_rps": point.get("throughput_rps"),
+                    "bare_beside_rps": beside,
+                    "bare_end_rps": entry.get("throughput_ips"),
+                    "bare_end_min_rps": entry.get("throughput_min_ips"),
+                    "bare_end_max_rps": entry.get("throughput_max_ips"),
+                    "ratio_bare": ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips")),
+                }
+            )
+    return rows
+
+
+def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dict[str, Pipeline]) -> list[dict]:
+    """Each pipeline's best throughput against what its best members allow (shared or disjoint CPUs) and the
+    bare model. Members on the same CPUs split each second between them; on disjoint CPUs the slowest sets
+    the pace."""
+    rows = []
+    for name, pipeline in pipelines.items():
+        winner = winners.get(name)
+        member_rps = {m: (winners.get(m) or {}).get("throughput_rps") for m in pipeline.members}
+        if winner is None or not all(member_rps.values()):
+            continue
+        shared_bound_rps = 1 / sum(1 / rps for rps in member_rps.values())
+        disjoint_bound_rps = min(member_rps.values())
+        pipeline_rps = winner.get("throughput_rps")
+        node = pipeline.weights_node
+        batch_size = winner.get(f"{node}_batch_size") or winner.get("batch_size")
+        input_size = winner.get(f"{node}_input_size") or winner.get("input_size")
+        entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads"), input_size) or {}
+        rows.append(
+            {
+                "pipeline": name,
+                "pipeline_rps": pipeline_rps,
+                "members": ", ".join(f"{m} {rps:.1f}" for m, rps in member_rps.items()),
+                **{f"{m}_rps": rps for m, rps in member_rps.items()},
+                "shared_bound_rps": shared_bound_rps,
+                "ratio_shared": ratio(pipeline_rps, shared_bound_rps),
+                "disjoint_bound_rps": disjoint_bound_rps,
+                "ratio_disjoint": ratio(pipeline_rps, disjoint_bound_rps),
+                "bare_rps": entry.get("throughput_ips"),
+                "ratio_bare": ratio(pipeline_rps, entry.get("throughput_ips")),
+                "bare_batch_size": entry.get("batch_size"),
+                "bare_threads": entry.get("threads"),
+            }
+        )
+    return rows
+
+
+def time_breakdown(winners: dict[str, dict | None], pipelines: dict[str, Pipeline]) -> list[dict]:
+    """Where a request's time goes at each pipeline's best point, from the server's own metrics: per node
+    (a workflow node, or the fused model) TorchServe's time from the job's creation to its response, the
+    queue wait within it, and the handler's decode/predict/encode per request; the rest of the client's mean
+    latency is the frontend's hops (HTTP, the workflow's per-request thread pool, bytes between nodes)."""
+    rows = []
+    for name in pipelines:
+        winner = winners.get(name)
+        if winner is None or not winner.get("server_models"):
+            continue
+        stages = winner.get("server_stages") or {}
+        processes = winner.get("server_processes") or {}
+        accounted = 0.0
+        for node, times in winner["server_models"].items():
+            stage = stages.get(node, {})
+            # TorchServe's inference latency runs from the job's creation to its response: the queue is inside it
+            queue_ms, inference_ms = times.get("queue_ms") or 0.0, times.get("inference_ms") or 0.0
+            accounted += inference_ms
+            cpu = [v.get("cpu_pct") for k, v in processes.items() if k.split("/")[0] == node]
+            rows.append(
+                {
+                    "pipeline": name,
+                    "part": node,
+                    "node_ms": inference_ms,
+                    "of_which_queue_ms": queue_ms,
+                    "handler_ms_per_request": sum(stage.get(k) or 0.0 for k in ("decode_ms", "predict_ms", "encode_ms")) or None,
+                    "cpu_pct": sum(c for c in cpu if c is not None) if cpu else None,
+                }
+            )
+        latency = winner.get("latency_mean_ms")
+        rows.append(
+            {
+                "pipeline": name,
+                "part": "frontend hops + network (rest of mean latency)",
+                "node_ms": None if latency is None else latency - accounted,
+                "of_which_queue_ms": None,
+                "handler_ms_per_request": None,
+                "cpu_pct": (processes.get("frontend") or {}).get("cpu_pct"),
+            }
+        )
+    return rows

@@ -1,0 +1,141 @@
+"""Put a point in place on a TorchServe of the bench's own, changing as little as possible: restart only for
+server values, build and re-register only for archive values, scale live for workers. http targets are
+not ours: for them the server is stopped (it would share the machine) and nothing is deployed.
+"""
+
+import hashlib
+import json
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from segserve.bench.measure import Endpoint
+from segserve.bench.params import at_level
+from segserve.bench.plan import Point, settings_for
+from segserve.bench.suite import Suite
+from segserve.build import Recipe
+from segserve.catalog import Catalog, Target
+from segserve.errors import RuntimeFailure, UsageError
+from segserve.server import TorchServe
+
+
+def _digest(value) -> str:
+    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+class Deployment:
+    def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print):
+        self.suite, self.catalog, self.weights, self.log = suite, catalog, weights, log
+        self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-"))
+        self.staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
+        self.recipe = Recipe(catalog, weights, self.store, self.staging, log=lambda _: None)
+        self.server: TorchServe | None = None
+        self.server_key = self.registered_key = None
+        self.current_workers: dict[str, int] = {}
+
+    def deploy(self, point: Point) -> Endpoint:
+        http = self.suite.http_targets.get(point.target)
+        if http is not None:
+            self.stop_server()
+            parts = urlsplit(http.url)
+            try:  # a point of an endpoint that does not answer fails with the reason; the suite goes on
+                socket.create_connection((parts.hostname, parts.port or 80), timeout=5).close()
+            except OSError as error:
+                raise RuntimeFailure(f"{http.url} does not answer ({error.strerror or error})") from None
+            return Endpoint(f"{parts.scheme}://{parts.netloc}", parts.path or "/", None, http.headers, None, ())
+        target = self.catalog.targets[point.target]
+        self.ensure_server(point)
+        self.ensure_registered(point, target)
+        self.ensure_workers(point, target)
+        server = self.server
+        return Endpoint(server.url("inference"), target.endpoint, server.token("inference"), {}, server.url("metrics"), target.models)
+
+    # Server ------------------------------------------------------------------------
+    def ensure_server(self, point: Point) -> None:
+        if self.server is not None and self.server_key == point.server:
+            return
+        self.stop_server()
+        params = dict(point.server)
+        env, overrides = {}, {}
+        for param in at_level("server"):
+            if param.name in params and param.env:
+                env[param.env] = str(params[param.name]).upper() if param.env == "OMP_WAIT_POLICY" else str(params[param.name])
+            if param.name in params and param.config:
+                overrides[param.config] = str(params[param.name])
+        pinning = params.get("pinning", "none")
+        if pinning == "torchserve":
+            if not shutil.which("numactl"):
+                raise UsageError("pinning 'torchserve' needs numactl: apt-get install numactl (or `make setup-numactl`)")
+            overrides["cpu_launcher_enable"] = "true"
+        core_plan = Path(self.suite.core_plan) if pinning == "plan" else None
+        run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
+        config = self.catalog.root / "config.properties"
+        self.server = TorchServe(run_dir, self.store, config, free_ports=True, config_overrides=overrides, env=env, core_plan=core_plan)
+        self.server.start(log=lambda _: None)
+        self.server_key, self.registered_key, self.current_workers = point.server, None, {}
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            shutil.rmtree(self.server.run_dir, ignore_errors=True)
+        self.server = self.server_key = self.registered_key = None
+
+    def close(self) -> None:
+        self.stop_server()
+        shutil.rmtree(self.store, ignore_errors=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+    # Registration ------------------------------------------------------------------
+    def _node_mar(self, target: Target, node, settings: dict, registration: dict) -> str:
+        """A node's .mar with these settings, built once per distinct recipe (the settings live in the archive)."""
+        name = f"{node.model.name}-{_digest([settings, registration])}"
+        if not (self.store / f"{name}.mar").exists():
+            self.recipe.node_archive(node.model, name, settings, registration)
+        return f"{name}.mar"
+
+    def ensure_registered(self, point: Point, target: Target) -> None:
+        key = (point.target, point.archive)
+        if self.registered_key == key:
+            return
+        server = self.server
+        if self.registered_key is not None:
+            previous = self.catalog.targets[self.registered_key[0]]
+            server.unregister("workflows" if previous.kind == "workflow" else "models", previous.name)
+        self.registered_key = None
+        node_settings, stage, registration = settings_for(point, target)
+        workers = point.workers
+        if target.kind == "workflow":
+            urls, spec_models = {}, {}
+            for node in target.nodes:
+                urls[node.name] = self._node_mar(target, node, node_settings.get(node.name, {}), {})
+                count = workers[node.name]
+                spec_models[node.name] = {**registration.get(node.name, {}), "min-workers": count, "max-workers": count}
+            # the .war is written again each time under the target's name (TorchServe names nodes after it)
+            self.recipe.workflow_archive(self.catalog.dags[target.dag], target.name, urls, spec_models)
+            server.register_workflow(target.archive, target.name, log=lambda _: None)
+        else:
+            if target.kind == "fused":
+                name = f"{target.name}-{_digest([node_settings, stage])}"
+                if not (self.store / f"{name}.mar").exists():
+                    self.recipe.fused_archive(self.catalog.dags[target.dag], name, node_settings, stage)
+                archive = f"{name}.mar"
+            else:
+                archive = self._node_mar(target, target.nodes[0], node_settings.get(target.name, {}), {})
+            first = registration.get(target.nodes[0].name, {})
+            count = next(iter(workers.values()))
+            server.register_model(archive, target.name, count, first.get("batch-size"), first.get("max-batch-delay"), log=lambda _: None)
+        for model in target.models:
+            server.wait_ready(model)
+        self.registered_key = key
+        self.current_workers = dict(workers)
+
+    def ensure_workers(self, point: Point, target: Target) -> None:
+        for node, count in point.workers.items():
+            if self.current_workers.get(node) != count:
+                model = target.name if node == "workers" else target.registered(node)
+                self.server.scale(model, count)
+                # TorchServe's CPU launcher restarts every worker of the model on a scale: wait for them.
+                self.server.wait_ready(model)
+                self.current_workers[node] = count

@@ -1,0 +1,142 @@
+"""Measure one deployed point: load in windows until the throughput settles, the server's own counters
+and its processes' CPU around it; and the bare model's forward throughput, the compute limit.
+
+Reads nothing of the catalog or the suite's targets: an Endpoint says where to send and what to ask, so an
+endpoint segserve did not deploy (no metrics URL) is measured by the same code.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from segserve.bench.load import LoadSpec, run_load
+from segserve.bench.server_metrics import ProcessSampler, handler_stages, per_request_ms, scrape
+from segserve.bench.stats import latency_summary, spread, stable_tail
+from segserve.bench.suite import LoadSettings
+
+CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a deployed point answers, and what to ask about it."""
+
+    url: str  # base URL, loopback
+    path: str
+    token: str | None
+    headers: dict
+    metrics_url: str | None  # None: not ours (an http target): no server columns
+    models: tuple[str, ...]  # TorchServe models whose counters describe it
+
+
+def measure(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[bytes], process_groups: dict | None) -> dict:
+    """The metrics of one point: throughput and latency from the stable windows, server columns where it is ours."""
+    spec = LoadSpec(
+        url=endpoint.url,
+        path=endpoint.path,
+        bodies=bodies,
+        token=endpoint.token,
+        headers=endpoint.headers,
+        concurrency=params.get("concurrency", load.max_connections),
+        request_rate_rps=params.get("request_rate_rps"),
+        arrival=load.arrival,
+        timeout_s=load.timeout_s,
+    )
+    window_s, warmup_s = load.window_s, load.warmup_s
+
+    def window_rates(result) -> list[float]:
+        done = int((max(result.end_s, default=0.0) - warmup_s) // window_s)
+        edges = [warmup_s + k * window_s for k in range(done + 1)]
+        return [sum(result.window(a, b).ok) / window_s for a, b in zip(edges, edges[1:], strict=False)]
+
+    def settled(result) -> bool:
+        return stable_tail(window_rates(result), load.stable_windows, load.stability_tolerance)
+
+    ours = endpoint.metrics_url is not None
+    before = scrape(endpoint.metrics_url) if ours else {}
+    sampler = ProcessSampler(process_groups) if process_groups else None
+    if sampler:
+        sampler.start()
+    result = run_load(spec, warmup_s + load.max_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
+    server_usage = sampler.stop() if sampler else {}
+    after = scrape(endpoint.metrics_url) if ours else {}
+    rates = window_rates(result)
+    stable = stable_tail(rates, load.stable_windows, load.stability_tolerance)
+    used = load.stable_windows if stable else len(rates)
+    start_s = warmup_s + (len(rates) - used) * window_s
+    measured = result.window(start_s, warmup_s + len(rates) * window_s)
+    ok_latencies = [lat for lat, ok in zip(measured.latency_ms, measured.ok, strict=True) if ok]
+    requests_ok = len(ok_latencies)
+    client_cpu_pct = 100 * result.client_cpu_s / result.wall_s if result.wall_s else None
+    server = {}
+    if ours:
+        server = {
+            **per_request_ms(before, after, list(endpoint.models), len(result.status)),
+            **stage_columns(handler_stages(before, after, list(endpoint.models))),
+        }
+    return {
+        "duration_s": measured.wall_s,
+        "requests_ok": requests_ok,
+        "requests_failed": len(measured.status) - requests_ok,
+        "failures_by_status": {k: v for k, v in measured.status_counts().items() if not k.startswith("2")},
+        "throughput_rps": requests_ok / measured.wall_s if measured.wall_s else 0.0,
+        **latency_summary(ok_latencies),
+        **server,
+        "client_cpu_pct": client_cpu_pct,
+        "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
+        "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
+        "stable": stable,
+        "windows": len(rates),
+        "window_throughputs_rps": rates,
+        "window_spread": spread(rates[-used:]) if rates else None,
+        "warmup_s": warmup_s,
+        **server_usage,
+    }
+
+
+def stage_columns(stages: dict[str, dict[str, float]]) -> dict:
+    """Per-node stage times and bytes (nested, in the run JSON) and the bytes columns of the summary."""
+    first = next(iter(stages.values()), {})
+    return {
+        "server_stages": stages,
+        # What the first node hands on: to the next node in a workflow, to the client otherwise.
+        "bytes_out_per_request": first.get("response_bytes"),
+        "bytes_device_to_host_per_request": sum(s.get("device_to_host_bytes", 0.0) for s in stages.values()) if stages else None,
+    }
+
+
+def process_groups(server, models: tuple[str, ...]) -> dict[str, list[int]]:
+    """Server processes by role: the Java frontend, each worker ("<model>/<pid>"), the rest."""
+    groups: dict[str, list[int]] = {}
+    for model in models:
+        for worker in server.describe(model).get("workers", []):
+            if int(worker.get("pid") or -1) > 0:  # -1: a worker still starting
+                groups[f"{model}/{worker['pid']}"] = [int(worker["pid"])]
+    workers = {pid for pids in groups.values() for pid in pids}
+    for pid in server.process_ids():
+        if pid not in workers:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if Path(f"/proc/{pid}").exists() else b""
+            groups.setdefault("frontend" if b"java" in cmdline.split(b"\0")[0] else "other", []).append(pid)
+    return groups
+
+
+def bare_shape(record: dict, node: str) -> tuple[int, str]:
+    """(threads, "batch:height:width") of the weights-carrying node of a record, as segserve.bench.bare takes it."""
+    threads = record.get("omp_num_threads") or len(os.sched_getaffinity(0))
+    height, width = record.get(f"{node}_input_size") or record.get("input_size") or (256, 448)
+    batch_size = record.get(f"{node}_batch_size") or record["batch_size"]
+    return threads, f"{batch_size}:{height}:{width}"
+
+
+def run_bare(weights: Path, threads: int, shapes: list[str], seconds: float = 6.0, rounds: int = 3, log=print) -> list[dict]:
+    """The network's in-process forward throughput at these shapes, in a fresh process (segserve/bench/bare.py)."""
+    command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(weights), "--threads", str(threads)]
+    command += [arg for shape in shapes for arg in ("--shape", shape)] + ["--seconds", str(seconds), "--rounds", str(rounds)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if done.returncode != 0:
+        log(f"bare forward with {threads} threads failed: {done.stderr.strip()[-300:]}")
+        return []
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -1,0 +1,131 @@
+"""Every grid parameter, declared once: its level (what changing it costs), what it applies to and the key it
+becomes. The suite schema, the plan's expansion, the archive recipe, the handler settings and the report
+columns are all derived from this table; sweeping a new setting is adding a line here.
+
+Levels: server (a TorchServe restart), archive (a new archive and re-registration), runtime (a live
+scale call), load (nothing: the load generator's settings).
+"""
+
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+LEVELS = ("server", "archive", "runtime", "load")
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Side = Annotated[int, Field(ge=32)]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    level: str
+    item: object  # the type of one value (pydantic)
+    default: tuple | None = None  # grid values when the suite gives none; None: not swept, left out of the points
+    handler_keys: tuple[str, ...] = ()  # model config `handler:` keys (two keys: the value is a pair)
+    handlers: frozenset | None = None  # handler modules it applies to; None: every segserve handler
+    stage: bool = False  # a setting of the worker that runs the stages (the fused twin's, not its nodes')
+    registration: str | None = None  # TorchServe key: workflow spec `models:` key (a model config key in `model_key`)
+    model_key: str | None = None
+    env: str | None = None  # server level: an environment variable of every worker
+    config: str | None = None  # server level: a config.properties key
+    per_node: bool = False  # may also be given per DAG node: grid.archive.nodes.<node>.<name>
+    doc: str = ""
+
+    def handler_settings(self, value) -> dict:
+        if len(self.handler_keys) == 2:
+            return dict(zip(self.handler_keys, value, strict=True))
+        return {self.handler_keys[0]: value} if self.handler_keys else {}
+
+    def applies_to_handlers(self, handlers: set[str]) -> bool:
+        return self.handlers is None or bool(self.handlers & handlers)
+
+
+def _stage(name: str, item, doc: str) -> Param:
+    return Param(name, "archive", item, handler_keys=(name,), stage=True, per_node=True, doc=doc)
+
+
+PARAMS = {
+    p.name: p
+    for p in [
+        Param("omp_num_threads", "server", PositiveInt, env="OMP_NUM_THREADS", doc="OMP_NUM_THREADS of every worker (unset: torch's)"),
+        Param("netty_threads", "server", PositiveInt, config="number_of_netty_threads", doc="the frontend's netty threads"),
+        Param(
+            "omp_wait_policy",
+            "server",
+            Literal["active", "passive"],
+            env="OMP_WAIT_POLICY",
+            doc="passive: idle OpenMP threads stop spinning on cores the frontend and decoders need",
+        ),
+        Param(
+            "pinning",
+            "server",
+            Literal["none", "torchserve", "plan"],
+            doc="none; torchserve: its CPU launcher (needs numactl); plan: the suite's core_plan",
+        ),
+        Param(
+            "batch_size",
+            "archive",
+            PositiveInt,
+            (8,),
+            registration="batch-size",
+            model_key="batchSize",
+            per_node=True,
+            doc="TorchServe batch size",
+        ),
+        Param(
+            "max_batch_delay_ms",
+            "archive",
+            NonNegativeInt,
+            (5,),
+            registration="max-batch-delay",
+            model_key="maxBatchDelay",
+            per_node=True,
+            doc="TorchServe max batch delay",
+        ),
+        Param(
+            "precision",
+            "archive",
+            Literal["fp32", "fp16", "bf16"],
+            ("fp32",),
+            ("precision",),
+            frozenset({"segmentation"}),
+            per_node=True,
+            doc="compute precision",
+        ),
+        Param("jpeg_quality", "archive", Annotated[int, Field(ge=1, le=100)], (90,), ("quality",), frozenset({"jpeg"}), per_node=True),
+        Param(
+            "input_size",
+            "archive",
+            tuple[Side, Side],
+            None,
+            ("input_height", "input_width"),
+            frozenset({"segmentation"}),
+            per_node=True,
+            doc="model input [height, width]; images are resized to it (raw inputs must match it)",
+        ),
+        _stage("micro_batch_size", NonNegativeInt, "split a TorchServe batch into micro-batches of this size; 0: one"),
+        _stage("overlap", bool, "decode k+1 and encode k-1 in threads while k is in the model"),
+        _stage("decode_threads", PositiveInt, "threads decoding a batch's requests"),
+        _stage("encode_threads", PositiveInt, "threads encoding a batch's responses"),
+        _stage("threads", NonNegativeInt, "torch intra-op threads of the worker; 0: torch's default"),
+        Param("workers", "runtime", PositiveInt, (1,), doc="workers of each registered model (per node: <node>_workers)"),
+        Param("concurrency", "load", PositiveInt, doc="closed loop: connections"),
+        Param("request_rate_rps", "load", Annotated[float, Field(gt=0)], doc="open loop: arrivals per second"),
+    ]
+}
+
+
+def at_level(level: str) -> list[Param]:
+    return [p for p in PARAMS.values() if p.level == level]
+
+
+def workers_param(node: str) -> str:
+    """The runtime parameter of one node's workers (of a workflow node, or of a model measured alone)."""
+    return f"{node}_workers"
+
+
+def node_param(node: str, name: str) -> str:
+    """The column of a per-node value: grid.archive.nodes.jpeg.batch_size → jpeg_batch_size."""
+    return f"{node}_{name}"

@@ -1,0 +1,224 @@
+"""What can be built, served and measured, read from the project's YAML: one catalog for every command.
+
+    model_config/<model>.yaml      a node model (its `segserve:` key: handler module, weights, takes, gives)
+    workflows/<dag>.yaml           a DAG of node models → <dag>.war, served at /wfpredict/<dag>
+    model_config/<dag>_fused.yaml  its fused twin → <dag>_fused.mar (optional: a default is written)
+
+Targets: every node model (`/predictions/<model>`), every DAG as a workflow and as its fused twin.
+Adding a DAG is adding its YAML; a broken one is refused here, naming the file and the node, before
+anything is built or started.
+"""
+
+import difflib
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import yaml
+
+from handlers.dag import parse_dag
+from segserve.errors import UsageError
+
+BODY_KINDS = ("image", "class_map", "jpeg", "json")  # what a node takes or gives
+FUSED_SUFFIX = "_fused"
+# The TorchServe keys a workflow spec's `models:` may set for all nodes or per node.
+WORKFLOW_MODEL_KEYS = ("min-workers", "max-workers", "batch-size", "max-batch-delay", "retry-attempts", "timeout-ms")
+
+
+@dataclass(frozen=True)
+class NodeModel:
+    """A model archive segserve builds from model_config/<name>.yaml."""
+
+    name: str
+    config: Path
+    handler: str  # module in handlers/
+    weights: bool  # the archive carries the model weights (--serialized-file)
+    takes: str
+    gives: str
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str  # the node's name in its DAG (a model target's only node has the model's name)
+    model: NodeModel
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str  # "model" | "workflow" | "fused"
+    nodes: tuple[Node, ...]  # in DAG order, the root first
+    dag: str | None = None  # the workflow YAML's stem (workflow and fused targets)
+    leaves: tuple[str, ...] = ()
+
+    @property
+    def archive(self) -> str:
+        """The file in the model store that registers it."""
+        return f"{self.name}.war" if self.kind == "workflow" else f"{self.name}.mar"
+
+    @property
+    def endpoint(self) -> str:
+        return f"/wfpredict/{self.name}" if self.kind == "workflow" else f"/predictions/{self.name}"
+
+    def registered(self, node: str) -> str:
+        """The TorchServe model that runs a node: workflow nodes are registered as <workflow>__<node>."""
+        return f"{self.name}__{node}" if self.kind == "workflow" else self.name
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The TorchServe models it registers (for metrics, scaling, readiness)."""
+        return tuple(dict.fromkeys(self.registered(n.name) for n in self.nodes))
+
+    @property
+    def takes(self) -> str:
+        return self.nodes[0].model.takes
+
+    @property
+    def gives(self) -> str:
+        if len(self.leaves) > 1:
+            return "json"
+        return next(n.model.gives for n in self.nodes if n.name == (self.leaves or (self.nodes[0].name,))[0])
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """The model targets its nodes run (a DAG's members, measured alone for the efficiency bounds)."""
+        return tuple(dict.fromkeys(n.model.name for n in self.nodes))
+
+    @property
+    def handlers(self) -> set[str]:
+        return {n.model.handler for n in self.nodes}
+
+    @property
+    def scaled_nodes(self) -> tuple[str, ...]:
+        """What runtime worker counts are given for: each node (`<node>_workers`), or the one fused model."""
+        return () if self.kind == "fused" else tuple(n.name for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class Dag:
+    name: str
+    spec_path: Path
+    spec: dict
+    nodes: dict[str, NodeModel]  # node name → its model
+
+    @property
+    def fused_config(self) -> Path:
+        return self.spec_path.parent.parent / "model_config" / f"{self.name}{FUSED_SUFFIX}.yaml"
+
+
+class Catalog:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.models = {path.stem: _node_model(path) for path in self._model_configs()}
+        self.dags = {path.stem: _dag(self.root, path, self.models) for path in sorted((self.root / "workflows").glob("*.yaml"))}
+        for model in self.models.values():  # models no DAG uses (a DAG's own nodes were checked with its file)
+            if not _handler_exists(self.root, model.handler):
+                raise UsageError(f"{model.config}: segserve.handler {model.handler!r} does not exist (no handlers/{model.handler}.py)")
+
+    def _model_configs(self) -> list[Path]:
+        paths = sorted((self.root / "model_config").glob("*.yaml"))
+        fused = {f"{name}{FUSED_SUFFIX}" for name in (p.stem for p in (self.root / "workflows").glob("*.yaml"))}
+        return [p for p in paths if p.stem not in fused]
+
+    @cached_property
+    def targets(self) -> dict[str, Target]:
+        """Image-taking models first, then the rest by name; then each DAG: its workflow, then its fused twin."""
+        targets = {}
+        for model in sorted(self.models.values(), key=lambda m: (m.takes != "image", m.name)):
+            targets[model.name] = Target(model.name, "model", (Node(model.name, model),), leaves=(model.name,))
+        for dag in self.dags.values():
+            order = parse_dag(dag.spec["dag"])
+            nodes = tuple(Node(name, dag.nodes[name]) for name in order.order)
+            targets[dag.name] = Target(dag.name, "workflow", nodes, dag.name, tuple(order.leaves))
+            fused = dag.name + FUSED_SUFFIX
+            targets[fused] = Target(fused, "fused", nodes, dag.name, tuple(order.leaves))
+        return targets
+
+    def target(self, name: str, what: str = "target") -> Target:
+        if name not in self.targets:
+            raise UsageError(unknown(what, name, self.targets))
+        return self.targets[name]
+
+    def family(self, dag: str) -> list[str]:
+        """A DAG's member models, its workflow and its fused twin: what `segserve serve` registers by default."""
+        workflow = self.target(dag, "workflow")
+        return [*workflow.members, workflow.name, workflow.name + FUSED_SUFFIX]
+
+
+def unknown(what: str, name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    hint = f" — did you mean {close[0]!r}?" if close else ""
+    return f"unknown {what} {name!r}{hint} (known: {', '.join(choices)})"
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise UsageError(f"{path}: not valid YAML: {str(error).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: expected a mapping (got {type(data).__name__})")
+    return data
+
+
+def _handler_exists(root: Path, module: str) -> bool:
+    return module.isidentifier() and (root / "handlers" / f"{module}.py").is_file()
+
+
+def _node_model(path: Path) -> NodeModel:
+    declared = _read_yaml(path).get("segserve")
+    example = "segserve: {handler: segmentation, weights: true, takes: image, gives: class_map}"
+    if not isinstance(declared, dict):
+        raise UsageError(f"{path}: no `segserve:` mapping saying how to build it, e.g. `{example}`")
+    extra = sorted(set(declared) - {"handler", "weights", "takes", "gives"})
+    if extra:
+        raise UsageError(f"{path}: segserve: unknown key(s) {extra} (known: handler, weights, takes, gives)")
+    handler = declared.get("handler")
+    if not isinstance(handler, str):
+        raise UsageError(f"{path}: segserve.handler: give the module in handlers/, e.g. `handler: segmentation` (got {handler!r})")
+    for key in ("takes", "gives"):
+        if declared.get(key) not in BODY_KINDS:
+            raise UsageError(f"{path}: segserve.{key} must be one of {', '.join(BODY_KINDS)} (got {declared.get(key)!r})")
+    return NodeModel(path.stem, path, handler, bool(declared.get("weights", False)), declared["takes"], declared["gives"])
+
+
+def _dag(root: Path, path: Path, models: dict[str, NodeModel]) -> Dag:
+    spec = _read_yaml(path)
+    if not isinstance(spec.get("models"), dict) or not isinstance(spec.get("dag"), dict):
+        raise UsageError(f"{path}: a workflow spec has a `models:` mapping and a `dag:` mapping")
+    entries = {name: entry for name, entry in spec["models"].items() if name not in WORKFLOW_MODEL_KEYS}
+    nodes = {}
+    for name, entry in entries.items():
+        url = entry.get("url") if isinstance(entry, dict) else None
+        if not isinstance(url, str) or not url.endswith(".mar"):
+            raise UsageError(f"{path}: node {name!r}: needs `url: <model>.mar` (got {entry!r})")
+        stem = Path(url).stem
+        if stem not in models:
+            raise UsageError(f"{path}: node {name!r}: no node config model_config/{stem}.yaml for {url}")
+        if not _handler_exists(root, models[stem].handler):
+            raise UsageError(
+                f"{path}: node {name!r}: its handler {models[stem].handler!r} (model_config/{stem}.yaml) does not exist "
+                f"(no handlers/{models[stem].handler}.py)"
+            )
+        nodes[name] = models[stem]
+    try:
+        order = parse_dag(spec["dag"])
+    except ValueError as error:
+        raise UsageError(f"{path}: dag: {error}") from None
+    for name in order.order:
+        if name not in nodes:
+            raise UsageError(f"{path}: node {name!r} is in `dag:` but not in `models:`")
+        for child in order.children.get(name, []):
+            if child in nodes and nodes[child].takes != nodes[name].gives:
+                raise UsageError(f"{path}: node {child!r} takes {nodes[child].takes} but its parent {name!r} gives {nodes[name].gives}")
+    unused = sorted(set(nodes) - set(order.order))
+    if unused:
+        raise UsageError(f"{path}: node(s) {unused} are in `models:` but not in `dag:`")
+    if len(order.leaves) > 1:
+        not_json = [leaf for leaf in order.leaves if nodes[leaf].gives != "json"]
+        if not_json:
+            raise UsageError(
+                f"{path}: node(s) {not_json}: a DAG with several leaves answers one JSON object of its leaves' JSON "
+                "(TorchServe parses each leaf's answer as JSON): such leaves must give json"
+            )
+    return Dag(path.stem, path, spec, nodes)

@@ -1,0 +1,60 @@
+"""TorchServe's config.properties for one instance: read it, write it with some keys replaced, choose its
+loopback ports and a worker-socket range no other instance uses."""
+
+import os
+import socket
+from pathlib import Path
+
+from segserve.errors import RuntimeFailure
+
+ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    values = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")) and "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+def render_config(template: Path, target: Path, overrides: dict[str, str]) -> None:
+    """Copy config.properties with some keys replaced (comments and order kept)."""
+    lines, seen = [], set()
+    for line in template.read_text().splitlines():
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and not line.lstrip().startswith("#") and key in overrides:
+            line, _ = f"{key}={overrides[key]}", seen.add(key)
+        lines.append(line)
+    lines += [f"{key}={value}" for key, value in overrides.items() if key not in seen]
+    target.write_text("\n".join(lines) + "\n")
+
+
+def loopback_ports(port_base: int | None) -> dict[str, str]:
+    """HTTP addresses on 127.0.0.1 at port_base, +1, +2 and gRPC ports at +3, +4 (free ports when None).
+
+    Free ports are chosen here and bound by TorchServe a moment later: another process
+    could take one in between, which start() then reports.
+
+    gRPC is listed because TorchServe always opens it (7070/7071 by default), which
+    would collide between instances.
+    """
+    ports = [port_base + i for i in range(5)] if port_base else [free_port() for _ in range(5)]
+    addresses = {key: f"http://127.0.0.1:{port}" for key, port in zip(ADDRESS_KEYS, ports[:3], strict=True)}
+    return {**addresses, "grpc_inference_port": str(ports[3]), "grpc_management_port": str(ports[4])}
+
+
+def free_worker_port_base() -> int:
+    """A worker-port range whose unix sockets (/tmp/.ts.sock.<port>) no other instance uses."""
+    for base in range(20000 + (os.getpid() % 300) * 100, 60000, 100):
+        if not any(Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(100)):
+            return base
+    raise RuntimeFailure("no free worker port range under /tmp/.ts.sock.*")

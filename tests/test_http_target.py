@@ -1,0 +1,72 @@
+"""An http target: an endpoint segserve did not deploy, measured with the same load, windows and report."""
+
+import http.server
+import json
+import textwrap
+import threading
+
+import pytest
+
+from segserve.cli import main
+
+
+class Endpoint(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the load generator expects
+    seen_headers: list[str] = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        Endpoint.seen_headers.append(self.headers.get("Authorization", ""))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def endpoint():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/predictions/other"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_target_is_measured_with_its_headers_and_a_dead_one_fails_without_stopping_the_suite(
+    endpoint, tmp_path, monkeypatch, trained_weights, capsys
+):
+    monkeypatch.setenv("OTHER_TOKEN", "t0ken")
+    suite = tmp_path / "other.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            f"""
+            targets:
+              - name: dead
+                url: http://127.0.0.1:1/predictions/nothing
+              - name: other
+                url: {endpoint}
+                headers: {{Authorization: "Bearer ${{OTHER_TOKEN}}"}}
+            inputs: [{{images: ["samples/shapes_0.jpg"]}}]
+            grid: {{load: {{concurrency: [2]}}}}
+            load: {{warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            """
+        )
+    )
+    assert main(["bench", str(suite), "--results", str(tmp_path / "results"), "--weights", str(trained_weights)]) == 0
+    (folder,) = (tmp_path / "results" / "other").iterdir()
+    rows = {r["target"]: r for r in map(json.loads, (folder / "summary.jsonl").read_text().splitlines())}
+    assert rows["dead"]["error"].startswith("RuntimeFailure: http://127.0.0.1:1/predictions/nothing does not answer")
+    other = rows["other"]
+    assert other["error"] is None and other["requests_ok"] > 0 and other["requests_failed"] == 0
+    assert other["server_queue_ms"] is None  # not ours: no TorchServe counters
+    assert set(Endpoint.seen_headers) == {"Bearer t0ken"}
+    report = (folder / "report.md").read_text()
+    assert "## other" in report and f"- `{rows['dead']['run_id']}`: RuntimeFailure" in report
