@@ -6,6 +6,7 @@ import struct
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 from torchvision.io import decode_jpeg, encode_jpeg, encode_png
 
@@ -256,6 +257,24 @@ def test_fused_pipeline_overlapped_equals_sequential(model_store, tmp_path, gpu_
     overlapped = fused(micro_batch_size=2, overlap=True, decode_threads=2, encode_threads=2)
     for _ in range(3):  # and again, with every buffer reused
         assert run(overlapped, bodies)[0] == sequential
+
+
+def test_a_node_of_the_fused_pipeline_does_not_set_the_workers_torch_threads(model_store, tmp_path):
+    """torch's intra-op thread count is per process: the areas node's `threads: 1` must not slow the seg node."""
+    import zipfile
+
+    from handlers.pipeline import PipelineHandler
+
+    with zipfile.ZipFile(model_store / "seg_fanout_fused.mar") as archive:
+        archive.extractall(tmp_path)
+        assert yaml.safe_load(archive.read("nodes/areas.yaml"))["handler"]["threads"] == 1
+    before = torch.get_num_threads()
+    try:
+        handler = PipelineHandler()
+        handler.initialize(make_context(tmp_path, {"spec": "seg_fanout.yaml", "threads": 2}, "seg.pt"))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_16_bit_png_is_segmented_like_its_8_bit_version(seg):
