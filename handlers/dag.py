@@ -16,6 +16,10 @@ class Dag(NamedTuple):
 
 def parse_dag(dag: dict) -> Dag:
     """The spec's `dag:` section checked and ordered; ValueError says what the fused pipeline cannot run."""
+    bad = {node: targets for node, targets in dag.items() if not (targets is None or isinstance(targets, list))}
+    bad |= {node: targets for node, targets in dag.items() if isinstance(targets, list) and not all(isinstance(t, str) for t in targets)}
+    if bad or not all(isinstance(node, str) for node in dag):
+        raise ValueError(f"each node maps to a list of node names, like `seg: [jpeg]` (got {bad or dag})")
     children = {node: list(targets or []) for node, targets in dag.items()}
     nodes = list(dict.fromkeys([*children, *(c for targets in children.values() for c in targets)]))
     parents = {node: [p for p, targets in children.items() if node in targets] for node in nodes}

@@ -111,9 +111,17 @@ class Catalog:
         self.root = Path(root)
         self.models = {path.stem: _node_model(path) for path in self._model_configs()}
         self.dags = {path.stem: _dag(self.root, path, self.models) for path in sorted((self.root / "workflows").glob("*.yaml"))}
+        self._check_names()
         for model in self.models.values():  # models no DAG uses (a DAG's own nodes were checked with its file)
             if not _handler_exists(self.root, model.handler):
                 raise UsageError(f"{model.config}: segserve.handler {model.handler!r} does not exist (no handlers/{model.handler}.py)")
+
+    def _check_names(self) -> None:
+        """A model config and a DAG (or its fused twin) would both be the target of one name."""
+        for dag in self.dags:
+            for name in (dag, dag + FUSED_SUFFIX):
+                if name in self.models:
+                    raise UsageError(f"{self.models[name].config}: {name!r} is also the target of workflows/{dag}.yaml: rename one")
 
     def _model_configs(self) -> list[Path]:
         paths = sorted((self.root / "model_config").glob("*.yaml"))

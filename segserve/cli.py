@@ -190,6 +190,8 @@ def cmd_bench(args) -> int:
     suite = load_suite(suite_path, known)
     if args.dry_run:
         print(plan.describe(suite, plan_points(suite, known, Path(args.weights))))
+        if not Path(args.weights).exists():
+            print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
         return 0
     resume = Path(args.resume) if args.resume else None
     run_suite(suite_path, suite, known, Path(args.results), Path(args.weights), resume)

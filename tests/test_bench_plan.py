@@ -191,7 +191,7 @@ def test_unknown_nodes_and_parameters_an_http_target_cannot_take_are_refused(tmp
             headers: {{Authorization: "Bearer ${{NO_SUCH_TOKEN}}"}}
         inputs: [{{images: ["{SAMPLES}"]}}]
         grid:
-          archive: {{batch_size: [1, 8], nodes: {{jpg: {{batch_size: [4]}}}}}}
+          archive: {{batch_size: [1, 8], nodes: {{jpg: {{batch_size: [4]}}, seg: {{jpeg_quality: [70]}}}}}}
           runtime: {{sge_workers: [2]}}
         """,
     )
@@ -200,8 +200,23 @@ def test_unknown_nodes_and_parameters_an_http_target_cannot_take_are_refused(tmp
     lines = str(error.value).splitlines()
     assert any("grid.archive.nodes.jpg: unknown DAG node 'jpg' — did you mean 'jpeg'?" in line for line in lines)
     assert any("grid.runtime.sge_workers: unknown node 'sge' — did you mean 'seg'?" in line for line in lines)
-    assert any("http target(s) stock take only load parameters; swept here: batch_size, nodes.jpg" in line for line in lines)
     assert any("targets.stock.headers.Authorization: environment variable 'NO_SUCH_TOKEN' is not set" in line for line in lines)
+    assert any("grid.archive.nodes.seg.jpeg_quality: applies to no target here" in line for line in lines)
+    assert any("swept here: batch_size, nodes.jpg, nodes.seg" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("https://127.0.0.1:8443/x", "speaks plain HTTP"),
+        ("http://10.1.2.3:8080/x", "loopback only"),
+        ("http://127.0.0.1:abc/x", "port is not a number"),
+    ],
+)
+def test_an_http_target_url_must_be_plain_http_on_loopback(tmp_path, url, message):
+    path = write(tmp_path, f"targets: [{{name: other, url: '{url}'}}]\ninputs: [{{images: ['{SAMPLES}']}}]\n")
+    with pytest.raises(UsageError, match=message):
+        load_suite(path, CATALOG)
 
 
 def test_an_http_target_is_measured_at_each_load_point_with_its_headers_from_the_environment(tmp_path, monkeypatch):
@@ -213,13 +228,13 @@ def test_an_http_target_is_measured_at_each_load_point_with_its_headers_from_the
           - seg
           - name: stock
             url: http://127.0.0.1:1/predictions/x
-            headers: {{Authorization: "Bearer ${{STOCK_TOKEN}}"}}
+            headers: {{Authorization: "Bearer ${{STOCK_TOKEN}}", X-Price: "$5 ${{STOCK_TOKEN}}$"}}
         inputs: [{{images: ["{SAMPLES}"]}}]
         grid: {{load: {{concurrency: [1, 4]}}}}
         """,
     )
     suite = load_suite(path, CATALOG)
-    assert suite.http_targets["stock"].headers == {"Authorization": "Bearer s3cret"}
+    assert suite.http_targets["stock"].headers == {"Authorization": "Bearer s3cret", "X-Price": "$5 s3cret$"}
     points = plan.expand(suite, CATALOG)
     stock = [p for p in points if p.target == "stock"]
     assert [p.params for p in stock] == [{"concurrency": 1}, {"concurrency": 4}]
@@ -241,5 +256,8 @@ def test_a_run_id_changes_with_the_load_settings_the_inputs_and_the_recipe(tmp_p
     assert len({ids(base)[0], ids(other_load)[0], ids(one_input)[0]}) == 3  # … measured three ways
     before = ids(base)
     assert ids(base) == before  # stable
+    inputs = {name: Setup(base, CATALOG, weights).parts(name)["inputs"] for name in ("seg", "jpeg")}
     weights.write_bytes(b"other weights")  # the archive recipe carries the weights
     assert ids(base) != before
+    after = {name: Setup(base, CATALOG, weights).parts(name)["inputs"] for name in ("seg", "jpeg")}
+    assert after["seg"] == inputs["seg"] and after["jpeg"] != inputs["jpeg"]  # jpeg's inputs are the model's class maps

@@ -60,6 +60,7 @@ BROKEN = {
         "node(s) with several parents: {'c': ['a', 'b']}",
     ),
     "missing handler": ("models: {a: {url: seg.mar}, b: {url: ghost.mar}}\ndag: {a: [b]}\n", "node 'b': its handler 'nope'"),
+    "not a list": ("models: {a: {url: seg.mar}, b: {url: jpeg.mar}}\ndag: {a: b}\n", "each node maps to a list of node names"),
     "wrong input": (
         "models: {a: {url: seg.mar}, b: {url: seg.mar}}\ndag: {a: [b]}\n",
         "node 'b' takes image but its parent 'a' gives class_map",
@@ -83,6 +84,14 @@ def test_a_broken_workflow_yaml_is_one_error_line_naming_file_and_node_before_an
     assert len(lines) == 1, lines
     assert lines[0].startswith(f"error: {project / 'workflows' / 'bad.yaml'}: ") and message in lines[0], lines[0]
     assert not (tmp_path / "store").exists()  # refused before anything was built
+
+
+def test_a_model_config_named_like_a_dag_is_refused(tmp_path, monkeypatch, capsys):
+    project = copy_project(tmp_path / "project")
+    shutil.copy(project / "model_config" / "jpeg.yaml", project / "model_config" / "seg_jpeg.yaml")
+    monkeypatch.chdir(project)
+    assert main(["serve", "--targets", "seg"]) == 2
+    assert "seg_jpeg.yaml: 'seg_jpeg' is also the target of workflows/seg_jpeg.yaml: rename one" in capsys.readouterr().err
 
 
 def free_port_base() -> int:

@@ -308,3 +308,12 @@ def test_compare_refuses_points_measured_differently_and_says_what_differs(tmp_p
         compare(old, new)
     same = write_results(tmp_path / "same", [record("seg-1", "seg", 99.0, 100.0, point_key="k1", setup=setup)])
     assert compare(old, same)[1] is False
+
+
+def test_compare_refuses_folders_without_a_point_in_common(tmp_path):
+    from segserve.errors import UsageError
+
+    old = write_results(tmp_path / "old", [record("seg-1", "seg", 100.0, 100.0)])
+    new = write_results(tmp_path / "new", [record("seg-2", "seg", 100.0, 100.0)])
+    with pytest.raises(UsageError, match="no point in common"):
+        compare(old, new)

@@ -49,6 +49,11 @@ def compare(
         raise UsageError("\n".join(["cannot compare: points were measured differently", *differently]))
     old = {r["run_id"]: r for r in old_rows}
     new = {r["run_id"]: r for r in new_rows}
+    if old and new and not set(old) & set(new):
+        raise UsageError(
+            f"{old_dir} and {new_dir} have no point in common (other suites, or run ids from before 3851533, which "
+            "changed their form): nothing to compare"
+        )
     lines, regressed = [], False
     for run_id in [i for i in old if i in new]:
         before, after = old[run_id], new[run_id]

@@ -44,7 +44,8 @@ class Deployment:
                 socket.create_connection((parts.hostname, parts.port or 80), timeout=5).close()
             except OSError as error:
                 raise RuntimeFailure(f"{http.url} does not answer ({error.strerror or error})") from None
-            return Endpoint(f"{parts.scheme}://{parts.netloc}", parts.path or "/", None, http.headers, None, ())
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            return Endpoint(f"{parts.scheme}://{parts.netloc}", path, None, http.headers, None, ())
         target = self.catalog.targets[point.target]
         self.ensure_server(point)
         self.ensure_registered(point, target)

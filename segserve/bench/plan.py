@@ -11,7 +11,7 @@ import itertools
 import json
 from dataclasses import dataclass
 
-from segserve.bench.params import PARAMS, at_level, node_param, workers_param
+from segserve.bench.params import PARAMS, at_level, node_param, node_value_applies, workers_param
 from segserve.bench.suite import Suite
 from segserve.catalog import Catalog, Target
 
@@ -72,10 +72,7 @@ def archive_values(suite: Suite, target: Target) -> dict:
         if node not in by_node:
             continue
         for name, options in given.model_dump(exclude_none=True).items():
-            param = PARAMS[name]
-            # the fused twin runs one batch in one worker: only a node's own handler settings apply per node
-            fused_ok = not (param.stage or param.registration)
-            if param.applies_to_handlers({by_node[node]}) and (target.kind == "workflow" or fused_ok):
+            if node_value_applies(PARAMS[name], by_node[node], target.kind):
                 values[node_param(node, name)] = options
     return values
 

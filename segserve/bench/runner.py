@@ -52,7 +52,7 @@ class Runner:
             reconfigure_s = time.monotonic() - started
             error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
             self.deployment.stop_server()  # start clean for the next point
-        record = record_for(point, reconfigure_s, metrics, error)
+        record = record_for(point, reconfigure_s, metrics, error, self.weights_node(point.target, alone=False))
         node = self.weights_node(point.target)
         if node and not error:
             # the bare forward right after the point: the same spell of the shared machine as the served number
@@ -71,13 +71,14 @@ class Runner:
         return next((node.name for node in target.nodes if node.model.weights), None)
 
 
-def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: str | None) -> dict:
-    """The flat record of a point: the design's columns first, every parameter, the metrics."""
-    params = point.params
+def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: str | None, weights_node: str | None = None) -> dict:
+    """The flat record of a point: the design's columns first, every parameter, the metrics. `workers` is the
+    node carrying the weights (seg) where a target scales nodes apart, else its one count."""
+    params, workers = point.params, point.workers
     return {
         "run_id": point.run_id,
         "target": point.target,
-        "workers": next(iter(point.workers.values()), None),
+        "workers": workers.get(weights_node) or next(iter(workers.values()), None),
         "batch_size": params.get("batch_size"),
         "max_batch_delay_ms": params.get("max_batch_delay_ms"),
         "concurrency": params.get("concurrency"),

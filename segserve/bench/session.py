@@ -69,26 +69,35 @@ class Setup:
         if target is None or target.takes == "image":
             return list(self.images())
         # class maps: what the model that turns images into class maps answers for the images
-        producer = next(m for m in self.catalog.models.values() if m.takes == "image" and m.gives == target.takes)
-        return class_maps(list(self.images()), self.weights, producer.config)
+        return class_maps(list(self.images()), self.weights, self.producer(target.takes).config)
+
+    def producer(self, kind: str):
+        """The node model that turns images into this kind of body (seg: class maps)."""
+        return next(m for m in self.catalog.models.values() if m.takes == "image" and m.gives == kind)
+
+    def weights_bytes(self) -> bytes:
+        return self.weights.read_bytes() if self.weights.exists() else b""  # --dry-run may come before training
 
     def parts(self, name: str) -> dict[str, str]:
+        """Digests of what changes a target's measurement besides its parameters. The code (handlers/, segserve/)
+        is left out on purpose: `bench compare` compares two versions of it; records keep the git sha."""
         root, suite = self.catalog.root, self.suite
         parts = {"load": _digest(suite.load.model_dump()), "inputs": _digest(*self.images())}
         http = suite.http_targets.get(name)
         if http is not None:
             return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
         target = self.catalog.targets[name]
+        if target.takes != "image":  # its inputs are what the producer model makes of the images
+            producer = self.producer(target.takes)
+            parts["inputs"] = _digest(*self.images(), producer.config.read_bytes(), self.weights_bytes())
         files = {node.model.config for node in target.nodes}
         if target.dag:
             dag = self.catalog.dags[target.dag]
             files |= {dag.spec_path, dag.fused_config}
         recipe = [path.read_bytes() for path in sorted(files) if path.exists()]
-        if any(node.model.weights for node in target.nodes) and self.weights.exists():  # --dry-run may come before training
-            recipe.append(self.weights.read_bytes())
-        server = [(root / "config.properties").read_bytes()]
-        if suite.core_plan:
-            server.append(Path(suite.core_plan).read_bytes())
+        if any(node.model.weights for node in target.nodes):
+            recipe.append(self.weights_bytes())
+        server = [path.read_bytes() for path in (root / "config.properties", Path(suite.core_plan or "")) if path.is_file()]
         return {**parts, "recipe": _digest(*recipe), "server": _digest(*server)}
 
     def digests(self) -> dict[str, str]:
@@ -129,9 +138,12 @@ def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Pa
     points = planning.expand(suite, catalog, {name: _digest(p) for name, p in parts.items()})
     strategy = make_strategy("grid", points)
     done = read_runs(out_dir)
-    kept = sum(1 for p in points if p.run_id in done and not done[p.run_id].get("error"))
+    kept = [done[p.run_id] for p in points if p.run_id in done and not done[p.run_id].get("error")]
     if done:
-        log(f"resuming: {kept} of {len(points)} points already measured the same way")
+        log(f"resuming: {len(kept)} of {len(points)} points already measured the same way")
+        older = sorted({r["environment"]["git_sha"] for r in kept} - {env_info["git_sha"]})
+        if older:
+            log(f"note: kept points were measured with code {', '.join(older)}; this is {env_info['git_sha']} (start anew to measure it)")
     log(planning.describe(suite, points).splitlines()[-1])
     sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog), Terminal(log)]
     deployment = Deployment(suite, catalog, weights, log)

@@ -8,16 +8,17 @@ with "did you mean"; each error is one line `file: dotted.path: message`.
 
 import difflib
 import glob
+import ipaddress
 import os
 import re
-import string
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, field_validator, model_validator
 
-from segserve.bench.params import LEVELS, at_level
+from segserve.bench.params import LEVELS, PARAMS, at_level, node_value_applies
 from segserve.bench.schema import METRICS
 from segserve.catalog import Catalog, unknown
 from segserve.errors import UsageError
@@ -102,8 +103,29 @@ class HttpTarget(Strict):
     """An endpoint segserve did not deploy: only load parameters apply. ${VAR} in headers: the environment's."""
 
     name: Annotated[str, Field(pattern=r"^[\w.-]+$")]
-    url: Annotated[str, Field(pattern=r"^https?://")]
+    url: str
     headers: dict[str, str] = {}
+
+    @field_validator("url")
+    @classmethod
+    def loopback_http(cls, url: str) -> str:
+        parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 (raises on a port that is not a number)
+        except ValueError:
+            raise ValueError(f"{url!r}: the port is not a number") from None
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"{url!r}: the load generator speaks plain HTTP: give a URL like http://127.0.0.1:8080/predictions/x")
+        if parts.hostname != "localhost" and not _loopback_address(parts.hostname):
+            raise ValueError(f"{url!r}: the load generator sends to loopback only (127.0.0.1, ::1, localhost)")
+        return url
+
+
+def _loopback_address(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class LoadSettings(Strict):
@@ -258,9 +280,19 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
             problems.append(f"targets: {name!r} is a catalog target: give the http target another name")
     known = [catalog.targets[n] for n in deployed if n in catalog.targets]
     nodes = list(dict.fromkeys(node.name for t in known for node in t.nodes if t.kind != "model"))
-    for node in suite.grid.archive.nodes:
+    for node, given in suite.grid.archive.nodes.items():
         if node not in nodes:
             problems.append(f"grid.archive.nodes.{node}: {unknown('DAG node', node, nodes)}")
+            continue
+        handlers = {(t.kind, n.model.handler) for t in known for n in t.nodes if n.name == node}
+        for name in given.model_dump(exclude_none=True):
+            if not any(node_value_applies(PARAMS[name], handler, kind) for kind, handler in handlers):
+                problems.append(
+                    f"grid.archive.nodes.{node}.{name}: applies to no target here (its handler takes no {name}, or the "
+                    "targets are fused twins, which run one batch and one set of stage threads for every node)"
+                )
+    if suite.core_plan and not Path(suite.core_plan).is_file():
+        problems.append(f"core_plan: no such file {suite.core_plan!r}")
     scaled = list(dict.fromkeys(node for t in known for node in t.scaled_nodes))
     for key in suite.grid.runtime.model_extra or {}:
         if key.removesuffix("_workers") not in scaled:
@@ -280,13 +312,18 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
     return problems
 
 
+ENV_REFERENCE = re.compile(r"\$\{(\w+)\}")
+
+
 def expand_headers(suite: Suite) -> list[str]:
-    """${VAR} in an http target's headers from the environment (a token stays out of the suite file)."""
+    """${VAR} in an http target's headers from the environment (a token stays out of the suite file); any
+    other `$` is kept as written."""
     problems = []
     for target in suite.http_targets.values():
         for header, value in target.headers.items():
-            try:
-                target.headers[header] = string.Template(value).substitute(os.environ)
-            except (KeyError, ValueError) as error:
-                problems.append(f"targets.{target.name}.headers.{header}: environment variable {error} is not set")
+            missing = [name for name in ENV_REFERENCE.findall(value) if name not in os.environ]
+            if missing:
+                problems.append(f"targets.{target.name}.headers.{header}: environment variable {missing[0]!r} is not set")
+            else:
+                target.headers[header] = ENV_REFERENCE.sub(lambda m: os.environ[m.group(1)], value)
     return problems
