@@ -18,6 +18,7 @@ its own 500; its batch-mates are served.
 import json
 import logging
 import os
+import time
 from dataclasses import dataclass, fields
 
 import torch
@@ -95,6 +96,7 @@ class SegserveHandler:
             torch.set_num_threads(threads)
         elif self.cores is None and model_name and self.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
             self.shared_cores = SharedCores(model_name)
+        self.slowdown_fraction = slowdown_fraction()
         self.load(context.system_properties["model_dir"], settings, context.manifest)
         self.stages = StageRunner(
             self.decode,
@@ -113,6 +115,7 @@ class SegserveHandler:
         )
 
     def handle(self, data: list, context) -> list:
+        started = time.perf_counter()
         if self.shared_cores is not None:
             self.shared_cores.refresh()  # workers of this model may have come or gone
         output: list = [None] * len(data)
@@ -133,6 +136,8 @@ class SegserveHandler:
                 output[idx] = result
                 context.set_response_content_type(idx, self.content_type)
         self.report_metrics(context, sum(len(o) for o in output), len(data))
+        if self.slowdown_fraction:
+            spin(self.slowdown_fraction * (time.perf_counter() - started))
         return output
 
     def report_metrics(self, context, response_bytes: int, requests: int) -> None:
@@ -171,6 +176,31 @@ class SegserveHandler:
 
     def encode(self, result) -> bytes:
         raise NotImplementedError
+
+
+# For testing a regression gate only: SEGSERVE_TEST_SLOWDOWN=0.1 makes every batch take 10% longer (the handler
+# spins on a core for that share of its time). Never set in normal use; a worker with it logs a warning.
+SLOWDOWN_ENV = "SEGSERVE_TEST_SLOWDOWN"
+
+
+def slowdown_fraction() -> float:
+    text = os.environ.get(SLOWDOWN_ENV, "")
+    if not text:
+        return 0.0
+    fraction = float(text)
+    if not 0 <= fraction <= 10:
+        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: a fraction of the handler's time between 0 and 10")
+    logger.warning(
+        "%s=%s: this worker is slowed down on purpose by %.0f%% (for testing a regression gate)", SLOWDOWN_ENV, text, 100 * fraction
+    )
+    return fraction
+
+
+def spin(seconds: float) -> None:
+    """Busy-wait: a slowdown that costs CPU, as a slower handler would."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def entry_point(handler_class):

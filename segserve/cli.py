@@ -173,13 +173,25 @@ def cmd_bench(args) -> int:
         from segserve.bench.compare import compare
 
         if len(args.suite) != 3:
-            raise UsageError("usage: segserve bench compare OLD_RESULT_DIR NEW_RESULT_DIR [--tolerance 0.05]")
+            raise UsageError("usage: segserve bench compare OLD_RESULT_DIR NEW_RESULT_DIR [--min-effect 0.05]")
         try:
-            text, regressed = compare(Path(args.suite[1]), Path(args.suite[2]), tolerance=args.tolerance)
+            text, regressed = compare(Path(args.suite[1]), Path(args.suite[2]), min_effect=args.min_effect)
         except FileNotFoundError as error:
             raise UsageError(str(error)) from None
         print(text)
         return 1 if regressed else 0
+    if args.suite[0] == "ab":
+        from segserve.bench.ab import parse_env, run_ab
+        from segserve.bench.suite import load_suite
+
+        if len(args.suite) != 2 or not (args.a and args.b):
+            raise UsageError("usage: segserve bench ab SUITE.yaml --a REF --b REF [--rounds 3] [--b-env NAME=VALUE] [--min-effect 0.05]")
+        suite = load_suite(Path(args.suite[1]), catalog())
+        env = parse_env(args.b_env)
+        _, slower = run_ab(
+            suite, Path.cwd(), (args.a, args.b), Path(args.weights).resolve(), Path(args.results), args.rounds, args.min_effect, env
+        )
+        return 1 if slower else 0
     if len(args.suite) != 1:
         raise UsageError("usage: segserve bench SUITE.yaml [--dry-run] [--resume DIR]")
     from segserve.bench import plan
@@ -254,13 +266,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan here (default: print it)")
     p.set_defaults(run=cmd_pin)
 
-    p = sub.add_parser("bench", help="run a benchmark suite, or `bench compare OLD NEW`")
-    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW")
+    p = sub.add_parser("bench", help="run a benchmark suite, `bench compare OLD NEW`, or `bench ab SUITE --a REF --b REF`")
+    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW | ab SUITE.yaml")
     p.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
     p.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
     p.add_argument("--results", default="results", help="where result folders go (default: results)")
     p.add_argument("--weights", default="weights/seg.pt", help="weights used for every seg archive")
-    p.add_argument("--tolerance", type=float, default=0.05, help="compare: relative change that counts as a regression")
+    p.add_argument("--a", help="ab: the version to compare against: a git ref or a project folder")
+    p.add_argument("--b", help="ab: the version under test: a git ref or a project folder (`.`: this working tree)")
+    p.add_argument("--rounds", type=int, default=3, help="ab: A/B measurements of each point, interleaved (default 3)")
+    p.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE", help="ab: environment of B's server (repeatable)")
+    p.add_argument(
+        "--min-effect", type=float, default=0.05, help="compare, ab: the smallest relative throughput change that counts (default 0.05)"
+    )
     p.set_defaults(run=cmd_bench)
     return root
 

@@ -261,3 +261,11 @@ def test_a_run_id_changes_with_the_load_settings_the_inputs_and_the_recipe(tmp_p
     assert ids(base) != before
     after = {name: Setup(base, CATALOG, weights).parts(name)["inputs"] for name in ("seg", "jpeg")}
     assert after["seg"] == inputs["seg"] and after["jpeg"] != inputs["jpeg"]  # jpeg's inputs are the model's class maps
+
+
+def test_the_throughput_interval_comes_from_the_windows():
+    from segserve.bench.stats import mean_interval
+
+    low, high = mean_interval([100.0, 102.0, 98.0])
+    assert low == pytest.approx(95.03, abs=0.01) and high == pytest.approx(104.97, abs=0.01)  # t(0.975, 2) = 4.303
+    assert mean_interval([50.0, 50.0]) == (50.0, 50.0) and mean_interval([1.0]) is None

@@ -34,12 +34,15 @@ LAYERS = {
     ),
     **{
         f"segserve.bench.{name}": 2
-        for name in "__init__ load stats schema params suite inputs server_metrics plan search measure deploy runner bare results".split()
+        for name in (
+            "__init__ load stats schema params suite inputs server_metrics disturbance plan search measure deploy runner bare results"
+        ).split()
     },
     **{f"segserve.bench.{name}": 3 for name in "analysis render report plots compare sinks core_plan".split()},
     **dict.fromkeys(
         [
             "segserve.bench.session",
+            "segserve.bench.ab",
             "segserve.cli",
             "segserve.chaos",
             "segserve.fuzz",

@@ -196,28 +196,32 @@ def test_report_with_nothing_satisfying_and_only_failed_points(tmp_path):
 
 
 def write_results(directory, rows: list[dict]):
+    """A results folder as a run leaves it: the summary and one run JSON per point (where the windows are)."""
     directory.mkdir()
     write_summary(directory, rows, [])
+    (directory / "runs").mkdir()
+    for row in rows:
+        (directory / "runs" / f"{row['run_id']}.json").write_text(json.dumps(row))
     return directory
 
 
 @pytest.mark.parametrize(
-    ("new_rps", "new_p99", "regressed"),
+    ("new_windows", "verdict", "slower"),
     [
-        (90.0, 100.0, True),  # throughput -10% > 5%
-        (98.0, 100.0, False),  # throughput -2% is within tolerance
-        (100.0, 110.0, True),  # p99 +10%: higher latency is worse
-        (100.0, 80.0, False),  # p99 -20% is an improvement
-        (120.0, 100.0, False),  # throughput +20% is an improvement
+        ([89.0, 90.0, 91.0], "slower", True),  # -10%, the whole interval below zero
+        ([97.5, 98.0, 98.5], "no detectable change", False),  # a real -2%, smaller than the minimum effect
+        ([119.0, 120.0, 121.0], "faster", False),
+        ([80.0, 100.0, 120.0], "too noisy to tell", False),  # the interval reaches past ±5% both ways
+        ([99.5, 100.0, 100.5], "no detectable change", False),
     ],
 )
-def test_compare_flags_only_changes_worse_than_tolerance(tmp_path, new_rps, new_p99, regressed):
-    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0)])
-    new = write_results(tmp_path / "new", [record("a", "seg", new_rps, new_p99)])
-    text, got = compare(old, new, tolerance=0.05)
-    assert got is regressed
-    assert ("REGRESSED" in text) is regressed
-    assert text.startswith("a: throughput_rps 100 → ")
+def test_compare_decides_from_the_windows_and_fails_only_on_a_detected_slowdown(tmp_path, new_windows, verdict, slower):
+    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0, measured_window_throughputs_rps=[99.0, 100.0, 101.0])])
+    rps = sum(new_windows) / len(new_windows)
+    new = write_results(tmp_path / "new", [record("a", "seg", rps, 100.0, measured_window_throughputs_rps=new_windows)])
+    text, got = compare(old, new, min_effect=0.05)
+    assert got is slower
+    assert text.startswith("a: throughput_rps 100 → ") and text.split("]")[1].split(";")[0].strip() == verdict, text
 
 
 def test_compare_lists_unmatched_points_and_ignores_them_for_regression(tmp_path):
@@ -225,7 +229,7 @@ def test_compare_lists_unmatched_points_and_ignores_them_for_regression(tmp_path
     new = write_results(tmp_path / "new", [record("a", "seg", 101.0, 100.0), record("added", "jpeg", 1.0, 1.0)])
     text, regressed = compare(old, new)
     assert not regressed
-    assert "(+1.0%)" in text.splitlines()[0]
+    assert "too noisy to tell" in text.splitlines()[0]  # no windows recorded: nothing to decide from
     assert f"gone: only in old ({old})" in text
     assert f"added: only in new ({new})" in text
 
@@ -317,3 +321,38 @@ def test_compare_refuses_folders_without_a_point_in_common(tmp_path):
     new = write_results(tmp_path / "new", [record("seg-2", "seg", 100.0, 100.0)])
     with pytest.raises(UsageError, match="no point in common"):
         compare(old, new)
+
+
+def test_a_served_rate_above_the_bare_network_beyond_its_interval_is_suspect_not_a_result():
+    from segserve.bench.runner import served_vs_bare as beside
+
+    sane = beside([70.0, 72.0, 71.0], [100.0, 104.0, 98.0, 101.0, 99.0, 103.0])
+    assert sane["ratio_bare"] == pytest.approx(71.0 / 100.5) and not sane["suspect"]
+    assert sane["ratio_bare_ci_low"] <= sane["ratio_bare"] <= sane["ratio_bare_ci_high"] < 1
+    absurd = beside([49.0, 50.0, 49.5], [5.7, 6.8, 6.0, 5.9])  # the bare forward measured while something else ran
+    assert absurd["suspect"] and absurd["ratio_bare_ci_low"] > 1
+    rows = served_vs_bare([record("seg-x", "seg", 49.5, 100.0, **absurd)], {}, "throughput_rps", [])
+    assert rows[0]["suspect"] and rows[0]["ratio_bare"] is None  # not printed as a result
+
+
+def test_pipeline_ratios_carry_a_bootstrap_interval_from_the_measured_windows(records):
+    windows = {"seg-ok": [98.0, 100.0, 102.0], "jpeg-only": [290.0, 300.0, 310.0], "wf-8": [58.0, 60.0, 62.0]}
+    for r in records:
+        r["measured_window_throughputs_rps"] = windows.get(r["run_id"], [])
+    wf = {row["pipeline"]: row for row in efficiency(records, P99_MAX, "throughput_rps", BARE)}["seg_jpeg"]
+    assert wf["ratio_shared"] == pytest.approx(0.8)
+    assert wf["ratio_shared_ci_low"] < 0.8 < wf["ratio_shared_ci_high"]
+    assert wf["ratio_disjoint_ci_low"] < 0.6 < wf["ratio_disjoint_ci_high"]
+
+
+def test_the_suite_decides_from_every_points_change():
+    from segserve.bench.compare import Change, overall_change
+
+    def changes(values):
+        return [Change(v, v - 0.1, v + 0.1, "too noisy to tell") for v in values]
+
+    assert overall_change(changes([-0.09, -0.11, -0.08, -0.10, -0.07, -0.12]), 0.05).verdict == "slower"
+    assert overall_change(changes([0.02, -0.03, 0.01, -0.01, 0.0, 0.02]), 0.05).verdict == "no detectable change"
+    assert overall_change(changes([0.2, -0.25, 0.1, -0.3]), 0.05).verdict == "too noisy to tell"
+    single = Change(-0.2, -0.3, -0.1, "slower")
+    assert overall_change([single], 0.05) is single

@@ -3,8 +3,10 @@ winner of each target under the constraints, served vs bare, pipeline efficiency
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from segserve.bench.schema import best
-from segserve.bench.stats import ratio
+from segserve.bench.stats import bootstrap_interval, ratio
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
         for point in [winner] + [w for w in group_winners if w is not None and w is not winner]:
             entry = _pick_bare(bare, point.get("batch_size"), point.get("omp_num_threads"), point.get("input_size")) or {}
             beside = point.get("bare_forward_ips")  # measured right after the point: the fairer comparison
+            measured_ratio = point.get("ratio_bare")  # windows over bare slices around the point, with an interval
+            value = (
+                measured_ratio if measured_ratio is not None else ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips"))
+            )
             rows.append(
                 {
                     "target": target,
@@ -73,7 +79,11 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
                     "bare_end_rps": entry.get("throughput_ips"),
                     "bare_end_min_rps": entry.get("throughput_min_ips"),
                     "bare_end_max_rps": entry.get("throughput_max_ips"),
-                    "ratio_bare": ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips")),
+                    # served faster than the bare network beyond the interval: a disturbed measurement, not a result
+                    "ratio_bare": None if point.get("suspect") else value,
+                    "ratio_bare_ci_low": point.get("ratio_bare_ci_low"),
+                    "ratio_bare_ci_high": point.get("ratio_bare_ci_high"),
+                    "suspect": point.get("suspect"),
                 }
             )
     return rows
@@ -96,6 +106,10 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
         batch_size = winner.get(f"{node}_batch_size") or winner.get("batch_size")
         input_size = winner.get(f"{node}_input_size") or winner.get("input_size")
         entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads"), input_size) or {}
+        windows = [winner.get("measured_window_throughputs_rps") or []]
+        windows += [(winners.get(m) or {}).get("measured_window_throughputs_rps") or [] for m in pipeline.members]
+        shared_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) * sum(1 / np.median(m) for m in ms))
+        disjoint_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) / min(np.median(m) for m in ms))
         rows.append(
             {
                 "pipeline": name,
@@ -104,8 +118,13 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
                 **{f"{m}_rps": rps for m, rps in member_rps.items()},
                 "shared_bound_rps": shared_bound_rps,
                 "ratio_shared": ratio(pipeline_rps, shared_bound_rps),
+                # 95% bootstrap intervals of the ratio, from the measured windows of the pipeline and its members
+                "ratio_shared_ci_low": shared_ci[0] if shared_ci else None,
+                "ratio_shared_ci_high": shared_ci[1] if shared_ci else None,
                 "disjoint_bound_rps": disjoint_bound_rps,
                 "ratio_disjoint": ratio(pipeline_rps, disjoint_bound_rps),
+                "ratio_disjoint_ci_low": disjoint_ci[0] if disjoint_ci else None,
+                "ratio_disjoint_ci_high": disjoint_ci[1] if disjoint_ci else None,
                 "bare_rps": entry.get("throughput_ips"),
                 "ratio_bare": ratio(pipeline_rps, entry.get("throughput_ips")),
                 "bare_batch_size": entry.get("batch_size"),

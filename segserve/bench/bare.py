@@ -51,6 +51,7 @@ def forward_throughputs(network: torch.nn.Module, shapes: list[tuple[int, int, i
             "throughput_min_ips": min(values),
             "throughput_max_ips": max(values),
             "rounds": rounds,
+            "slices_ips": values,
         }
         for shape, values in rates.items()
     ]

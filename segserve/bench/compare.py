@@ -1,15 +1,17 @@
-"""`segserve bench compare OLD NEW`: join two result folders on run id and flag what got worse.
+"""`segserve bench compare OLD NEW`: join two result folders on run id and decide, from each point's measured
+windows, whether its throughput changed (faster / slower / no detectable change / too noisy to tell).
 
 Points measured differently (other load settings, inputs, archive recipe or server config) have other run
 ids; when such a pair shares a place in the space (point_key) the comparison is refused, saying what differs.
 """
 
-import math
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from segserve.bench.render import cell
-from segserve.bench.results import read_summary
-from segserve.bench.schema import METRICS
+from segserve.bench.results import read_runs, read_summary
 from segserve.errors import UsageError
 
 
@@ -30,19 +32,78 @@ def measured_differently(old: list[dict], new: list[dict]) -> list[str]:
     return lines
 
 
-def _change(old: float, new: float) -> float:
-    if old == 0:
-        return 0.0 if new == 0 else math.copysign(math.inf, new)
-    return (new - old) / abs(old)
+VERDICTS = ("slower", "faster", "no detectable change", "too noisy to tell")
 
 
-def compare(
-    old_dir: Path, new_dir: Path, tolerance: float = 0.05, metrics: tuple[str, ...] = ("throughput_rps", "latency_p99_ms")
-) -> tuple[str, bool]:
-    """Join two result folders on run_id; a metric regresses when it gets worse by more than `tolerance` (relative)."""
-    unknown = [m for m in metrics if m not in METRICS]
-    if unknown:
-        raise ValueError(f"{unknown}: not metrics; choose from {sorted(METRICS)}")
+@dataclass(frozen=True)
+class Change:
+    """New vs old mean window throughput: the relative change, its 95% interval (Welch) and what to conclude."""
+
+    change: float | None
+    low: float | None
+    high: float | None
+    verdict: str
+
+    def text(self) -> str:
+        if self.change is None:
+            return self.verdict
+        return f"{self.change:+.1%} [{self.low:+.1%}, {self.high:+.1%}] {self.verdict}"
+
+
+def throughput_change(old_windows: list[float], new_windows: list[float], min_effect: float) -> Change:
+    """Welch's t-test (scipy) over the windows of a point measured twice. A slowdown (or speed-up) is detected
+    when the whole 95% interval is on one side of zero and the change is larger than `min_effect`; an interval
+    inside ±min_effect is "no detectable change"; anything wider is "too noisy to tell"."""
+    if len(old_windows) < 2 or len(new_windows) < 2 or not np.mean(old_windows):
+        return Change(None, None, None, "too noisy to tell")
+    from scipy import stats
+
+    old, new = np.asarray(old_windows, dtype=float), np.asarray(new_windows, dtype=float)
+    base = old.mean()
+    change = new.mean() / base - 1
+    if np.ptp(old) == 0 and np.ptp(new) == 0:
+        low = high = change
+    else:
+        interval = stats.ttest_ind(new, old, equal_var=False).confidence_interval(0.95)
+        low, high = interval.low / base, interval.high / base
+    return Change(float(change), float(low), float(high), verdict_of(change, low, high, min_effect))
+
+
+def verdict_of(change: float, low: float, high: float, min_effect: float) -> str:
+    if high < 0 and change < -min_effect:
+        return "slower"
+    if low > 0 and change > min_effect:
+        return "faster"
+    if (low >= -min_effect and high <= min_effect) or high < 0 or low > 0:
+        return "no detectable change"  # within the minimum effect, or a real change smaller than it
+    return "too noisy to tell"
+
+
+def overall_change(changes: list[Change], min_effect: float) -> Change:
+    """The suite's verdict: the mean of the points' relative changes with its 95% interval (one-sample t over the
+    points, scipy). A slow spell that hits one point's A or B measurement moves one change of many, while a
+    slower handler moves them all, so the suite decides better than any one point; with one point, its own."""
+    measured = [c for c in changes if c.change is not None]
+    if len(measured) < 2:
+        return measured[0] if measured else Change(None, None, None, "too noisy to tell")
+    from scipy import stats
+
+    values = np.asarray([c.change for c in measured])
+    mean = float(values.mean())
+    if np.ptp(values) == 0:
+        return Change(mean, mean, mean, verdict_of(mean, mean, mean, min_effect))
+    interval = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    return Change(mean, float(interval.low), float(interval.high), verdict_of(mean, interval.low, interval.high, min_effect))
+
+
+def windows_of(record: dict) -> list[float]:
+    return record.get("measured_window_throughputs_rps") or []
+
+
+def compare(old_dir: Path, new_dir: Path, min_effect: float = 0.05) -> tuple[str, bool]:
+    """Join two result folders on run id and judge each point's throughput change from its windows, then the
+    suite's (overall_change); the second value is True only on a detected slowdown of the suite larger than
+    min_effect, or a point that now fails."""
     old_rows, new_rows = read_summary(old_dir), read_summary(new_dir)
     differently = measured_differently(old_rows, new_rows)
     if differently:
@@ -54,25 +115,22 @@ def compare(
             f"{old_dir} and {new_dir} have no point in common (other suites, or run ids from before 3851533, which "
             "changed their form): nothing to compare"
         )
-    lines, regressed = [], False
+    old_runs, new_runs = read_runs(old_dir), read_runs(new_dir)  # the windows live in the run JSONs
+    lines, slower, changes = [], False, []
     for run_id in [i for i in old if i in new]:
         before, after = old[run_id], new[run_id]
-        parts = []
         if after.get("error") and not before.get("error"):
             # a point that used to work and now fails is the worst regression there is
-            regressed = True
-            parts.append(f"now failing: {after['error']} REGRESSED")
-        for tag in metrics:
-            a, b = before.get(tag), after.get(tag)
-            if a is None or b is None:
-                parts.append(f"{tag} {cell(a)} → {cell(b)}")
-                continue
-            change = _change(a, b)
-            worse = -change if METRICS[tag].higher_is_better else change
-            mark = " REGRESSED" if worse > tolerance else ""
-            regressed = regressed or bool(mark)
-            parts.append(f"{tag} {cell(a)} → {cell(b)} ({change:+.1%}){mark}")
-        lines.append(f"{run_id}: " + "; ".join(parts))
+            slower = True
+            lines.append(f"{run_id}: now failing: {after['error']} REGRESSED")
+            continue
+        change = throughput_change(windows_of(old_runs.get(run_id, {})), windows_of(new_runs.get(run_id, {})), min_effect)
+        changes.append(change)
+        a, b = before.get("throughput_rps"), after.get("throughput_rps")
+        p99 = f"; latency_p99_ms {cell(before.get('latency_p99_ms'))} → {cell(after.get('latency_p99_ms'))}"
+        lines.append(f"{run_id}: throughput_rps {cell(a)} → {cell(b)} {change.text()}{p99}")
     lines += [f"{run_id}: only in old ({old_dir})" for run_id in old if run_id not in new]
     lines += [f"{run_id}: only in new ({new_dir})" for run_id in new if run_id not in old]
-    return "\n".join(lines), regressed
+    overall = overall_change(changes, min_effect)
+    lines.append(f"overall ({len(changes)} point(s), min effect {min_effect:.0%}): {overall.text()}")
+    return "\n".join(lines), slower or overall.verdict == "slower"

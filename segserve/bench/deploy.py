@@ -26,8 +26,9 @@ def _digest(value) -> str:
 
 
 class Deployment:
-    def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print):
+    def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print, env: dict | None = None):
         self.suite, self.catalog, self.weights, self.log = suite, catalog, weights, log
+        self.extra_env = dict(env or {})  # for every worker of this deployment's server (`bench ab --b-env`)
         self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-"))
         self.staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
         self.recipe = Recipe(catalog, weights, self.store, self.staging, log=lambda _: None)
@@ -59,7 +60,7 @@ class Deployment:
             return
         self.stop_server()
         params = dict(point.server)
-        env, overrides = {}, {}
+        env, overrides = dict(self.extra_env), {}
         for param in at_level("server"):
             if param.name in params and param.env:
                 env[param.env] = str(params[param.name]).upper() if param.env == "OMP_WAIT_POLICY" else str(params[param.name])

@@ -80,8 +80,12 @@ class LoadResult:
 
     def window(self, from_s: float, to_s: float) -> "LoadResult":
         """The requests that ended in [from_s, to_s); CPU time is prorated by the window's share of the run."""
-        keep = [i for i, end in enumerate(self.end_s) if from_s <= end < to_s]
-        span_s = to_s - from_s
+        return self.windows([(from_s, to_s)])
+
+    def windows(self, spans: list[tuple[float, float]]) -> "LoadResult":
+        """The requests that ended in any of the [from_s, to_s) spans (disjoint), as one result of their total time."""
+        keep = [i for i, end in enumerate(self.end_s) if any(a <= end < b for a, b in spans)]
+        span_s = sum(b - a for a, b in spans)
         return LoadResult(
             [self.intended_s[i] for i in keep],
             [self.end_s[i] for i in keep],

@@ -12,9 +12,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from segserve.bench.disturbance import DisturbanceSampler
 from segserve.bench.load import LoadSpec, run_load
 from segserve.bench.server_metrics import ProcessSampler, handler_stages, per_request_ms, scrape
-from segserve.bench.stats import latency_summary, spread, stable_tail
+from segserve.bench.stats import latency_summary, mean_interval, spread, stable_tail
 from segserve.bench.suite import LoadSettings
 
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
@@ -46,31 +47,53 @@ def measure(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[b
         timeout_s=load.timeout_s,
     )
     window_s, warmup_s = load.window_s, load.warmup_s
+    ours = endpoint.metrics_url is not None
+    # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
+    disturbance = DisturbanceSampler([pid for pids in process_groups.values() for pid in pids]) if process_groups else None
 
-    def window_rates(result) -> list[float]:
+    def edges(result) -> list[tuple[float, float]]:
         done = int((max(result.end_s, default=0.0) - warmup_s) // window_s)
-        edges = [warmup_s + k * window_s for k in range(done + 1)]
-        return [sum(result.window(a, b).ok) / window_s for a, b in zip(edges, edges[1:], strict=False)]
+        return [(warmup_s + k * window_s, warmup_s + (k + 1) * window_s) for k in range(max(done, 0))]
+
+    def others_share(span: tuple[float, float]) -> float | None:
+        return disturbance.share(*span)[0] if disturbance else None
+
+    def clean(result) -> list[tuple[float, float]]:
+        """The windows others left alone (unknown: counted as clean)."""
+        return [span for span in edges(result) if (others_share(span) or 0.0) <= load.max_others_share]
+
+    def rates(result, spans) -> list[float]:
+        return [sum(result.window(a, b).ok) / window_s for a, b in spans]
 
     def settled(result) -> bool:
-        return stable_tail(window_rates(result), load.stable_windows, load.stability_tolerance)
+        spans = clean(result)
+        return stable_tail(rates(result, spans), load.stable_windows, load.stability_tolerance) or len(spans) >= load.max_windows
 
-    ours = endpoint.metrics_url is not None
     before = scrape(endpoint.metrics_url) if ours else {}
     sampler = ProcessSampler(process_groups) if process_groups else None
-    if sampler:
-        sampler.start()
-    result = run_load(spec, warmup_s + load.max_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
+    for started in (sampler, disturbance):
+        if started:
+            started.start()
+    # disturbed windows are measured again: up to max_windows more
+    budget_windows = load.max_windows * (2 if disturbance else 1)
+    result = run_load(spec, warmup_s + budget_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
+    if disturbance:
+        disturbance.stop()
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
-    rates = window_rates(result)
-    stable = stable_tail(rates, load.stable_windows, load.stability_tolerance)
-    used = load.stable_windows if stable else len(rates)
-    start_s = warmup_s + (len(rates) - used) * window_s
-    measured = result.window(start_s, warmup_s + len(rates) * window_s)
+    all_spans, clean_spans = edges(result), clean(result)
+    clean_rates = rates(result, clean_spans)
+    stable = stable_tail(clean_rates, load.stable_windows, load.stability_tolerance)
+    disturbed = len(clean_spans) < load.stable_windows
+    used = clean_spans[-load.stable_windows :] if stable else (all_spans if disturbed else clean_spans)
+    measured = result.windows(used)
     ok_latencies = [lat for lat, ok in zip(measured.latency_ms, measured.ok, strict=True) if ok]
     requests_ok = len(ok_latencies)
     client_cpu_pct = 100 * result.client_cpu_s / result.wall_s if result.wall_s else None
+    shares = [others_share(span) for span in all_spans]
+    steal = [disturbance.share(*span)[1] for span in all_spans] if disturbance else []
+    window_rates = rates(result, all_spans)
+    interval = mean_interval(rates(result, used))
     server = {}
     if ours:
         server = {
@@ -83,15 +106,25 @@ def measure(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[b
         "requests_failed": len(measured.status) - requests_ok,
         "failures_by_status": {k: v for k, v in measured.status_counts().items() if not k.startswith("2")},
         "throughput_rps": requests_ok / measured.wall_s if measured.wall_s else 0.0,
+        # 95% interval of the mean over the measured windows
+        "throughput_ci_low_rps": interval[0] if interval else None,
+        "throughput_ci_high_rps": interval[1] if interval else None,
         **latency_summary(ok_latencies),
         **server,
         "client_cpu_pct": client_cpu_pct,
         "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
         "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
         "stable": stable,
-        "windows": len(rates),
-        "window_throughputs_rps": rates,
-        "window_spread": spread(rates[-used:]) if rates else None,
+        "windows": len(window_rates),
+        "window_throughputs_rps": window_rates,
+        "window_spread": spread(rates(result, used)) if used else None,
+        "measured_window_throughputs_rps": rates(result, used),  # the windows the numbers come from
+        # others' share of the machine per window (% of all cores), and what was done about it
+        "window_others_cpu_pct": [None if v is None else round(100 * v, 1) for v in shares],
+        "others_cpu_pct": max((100 * v for v, span in zip(shares, all_spans, strict=True) if v is not None and span in used), default=None),
+        "steal_pct": max((100 * v for v in steal if v is not None), default=None),
+        "windows_discarded": len(all_spans) - len(clean_spans),
+        "disturbed": disturbed if disturbance else None,
         "warmup_s": warmup_s,
         **server_usage,
     }

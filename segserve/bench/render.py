@@ -71,6 +71,12 @@ def terminal_summary(records: list[dict], swept: list[str], analysis: Analysis) 
     columns = ["run_id", *[p for p in swept if p != "target"], "throughput_rps", "latency_p50_ms", "latency_p99_ms"]
     columns += ["requests_failed", "server_queue_ms", "reconfigure_s", "error"]
     text = "\n" + render_table(records, columns)
+    for record in records:
+        if record.get("disturbed"):
+            text += (
+                f"\n{record['run_id']}: DISTURBED — other processes took up to {cell(record.get('others_cpu_pct'))}% of the machine "
+                f"and {record.get('windows_discarded')} window(s) were discarded; its numbers are not the server's alone"
+            )
     if analysis.served_vs_bare:
         text += "\n\nServed vs bare forward (best batch size per thread count):\n" + render_table(analysis.served_vs_bare)
     rows = analysis.efficiency

@@ -134,12 +134,17 @@ def write_report(
         md += [f"![throughput by {param}](plots/{plot})", ""]
 
     unstable = [f"`{r.get('run_id')}`" for r in records if r.get("stable") is False]
+    disturbed = [
+        f"`{r.get('run_id')}` (others took {cell(r.get('others_cpu_pct'))}% of the machine)" for r in records if r.get("disturbed")
+    ]
     saturated = [f"`{r.get('run_id')}`" for r in records if r.get("client_saturated") is True]
     md += [
         "",
         "## Flags",
         "",
         f"- Measurement not stable: {', '.join(unstable) or 'none'}",
+        "- Disturbed (other processes took more than the suite's `max_others_share` of the CPU in too many windows; "
+        f"their numbers are not the server's alone): {', '.join(disturbed) or 'none'}",
         f"- Load generator saturated (its numbers understate the server): {', '.join(saturated) or 'none'}",
         "",
         "## Time outside measurement (reconfigure_s + warmup_s)",

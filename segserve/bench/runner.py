@@ -1,6 +1,7 @@
 """The bench's loop: the strategy proposes a point, the deployment puts it in place, it is measured, made a
 record, handed to every sink, and the strategy is told. The runner knows none of them by name."""
 
+import statistics
 import time
 from pathlib import Path
 
@@ -8,7 +9,7 @@ from segserve.bench.deploy import Deployment
 from segserve.bench.measure import bare_shape, measure, process_groups, run_bare
 from segserve.bench.plan import Point
 from segserve.bench.search import Strategy
-from segserve.bench.stats import ratio
+from segserve.bench.stats import ratio_of_medians
 from segserve.catalog import Catalog
 
 
@@ -42,25 +43,32 @@ class Runner:
     def measure_point(self, point: Point) -> dict:
         started = time.monotonic()
         metrics = error = None
+        node = self.weights_node(point.target)
+        slices: list[float] = []
         try:
             endpoint = self.deployment.deploy(point)
             reconfigure_s = time.monotonic() - started
             server = self.deployment.server if endpoint.metrics_url else None
             groups = process_groups(server, endpoint.models) if server else None
+            # the bare forward in short slices before and after the point: the same spell of the shared machine
+            slices += self.bare_slices(point, node)
             metrics = measure(endpoint, self.suite.load, point.params, self.bodies_for(point.target), groups)
+            slices += self.bare_slices(point, node)
         except Exception as failure:  # one failed point must not lose the others
             reconfigure_s = time.monotonic() - started
             error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
             self.deployment.stop_server()  # start clean for the next point
         record = record_for(point, reconfigure_s, metrics, error, self.weights_node(point.target, alone=False))
-        node = self.weights_node(point.target)
         if node and not error:
-            # the bare forward right after the point: the same spell of the shared machine as the served number
-            threads, shape = bare_shape(record, node)
-            entries = run_bare(self.deployment.weights, threads, [shape], seconds=4.0, rounds=2, log=self.log)
-            record["bare_forward_ips"] = entries[0]["throughput_ips"] if entries else None
-            record["ratio_bare"] = ratio(record["throughput_rps"], record["bare_forward_ips"])
+            record.update(served_vs_bare(record.get("measured_window_throughputs_rps") or [], slices))
         return record
+
+    def bare_slices(self, point: Point, node: str | None) -> list[float]:
+        if node is None:
+            return []
+        threads, shape = bare_shape(point.params, node)
+        entries = run_bare(self.deployment.weights, threads, [shape], seconds=1.5, rounds=3, log=self.log)
+        return entries[0]["slices_ips"] if entries else []
 
     def weights_node(self, name: str, alone: bool = True) -> str | None:
         """The node of a target that carries the weights (seg); `alone`: only for a model target, the one whose
@@ -69,6 +77,20 @@ class Runner:
         if target is None or (alone and target.kind != "model"):
             return None
         return next((node.name for node in target.nodes if node.model.weights), None)
+
+
+def served_vs_bare(served_windows_rps: list[float], bare_slices_ips: list[float]) -> dict:
+    """served ÷ bare as the ratio of medians (windows over slices) with its bootstrap interval; a ratio whose
+    whole interval is above 1 (served faster than the bare network) makes no physical sense: `suspect`."""
+    value, interval = ratio_of_medians(served_windows_rps, bare_slices_ips)
+    return {
+        "bare_forward_ips": statistics.median(bare_slices_ips) if bare_slices_ips else None,
+        "bare_slices_ips": bare_slices_ips,
+        "ratio_bare": value,
+        "ratio_bare_ci_low": interval[0] if interval else None,
+        "ratio_bare_ci_high": interval[1] if interval else None,
+        "suspect": bool(interval and interval[0] > 1.0),
+    }
 
 
 def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: str | None, weights_node: str | None = None) -> dict:
@@ -121,4 +143,8 @@ class Progress:
             outcome = f"FAILED {record['error']}"
         else:
             outcome = f"{record['throughput_rps']:.1f} req/s, p99 {record['latency_p99_ms'] or float('nan'):.0f} ms"
+            if record.get("windows_discarded"):
+                outcome += f", {record['windows_discarded']} disturbed window(s) measured again"
+            if record.get("disturbed"):
+                outcome += f", DISTURBED (others took {record.get('others_cpu_pct') or 0:.0f}% of the machine)"
         self.log(f"[{bar:<20}] {self.done}/{self.total} {point.target} {params}: {outcome} ({elapsed_s:.0f}s; ETA {eta_s / 60:.1f} min)")

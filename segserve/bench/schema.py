@@ -20,6 +20,8 @@ METRICS = {
     m.tag: m
     for m in [
         Metric("throughput_rps", "req/s", True, "successful responses per second in the measured windows"),
+        Metric("throughput_ci_low_rps", "req/s", True, "low end of the 95% interval of the mean window throughput"),
+        Metric("throughput_ci_high_rps", "req/s", True, "high end of the 95% interval of the mean window throughput"),
         Metric("latency_mean_ms", "ms", False, "mean latency of successful requests"),
         Metric("latency_p50_ms", "ms", False, "median latency"),
         Metric("latency_p90_ms", "ms", False, "90th percentile latency"),
@@ -37,8 +39,9 @@ METRICS = {
         Metric("bytes_out_per_request", "bytes", False, "what the first node sends on per request (to the next node in a workflow)"),
         Metric("bytes_device_to_host_per_request", "bytes", False, "device→host bytes per request (GPU only; the class map or JPEG)"),
         Metric("warmup_s", "s", False, "warm-up time before measurement"),
+        Metric("others_cpu_pct", "% of the machine", False, "most CPU other processes took in a measured window (/proc/stat)"),
         Metric("bare_forward_ips", "img/s", True, "seg points: bare forward at the same batch, threads and input, measured right after"),
-        Metric("ratio_bare", "×", True, "seg points: throughput_rps / bare_forward_ips"),
+        Metric("ratio_bare", "×", True, "seg points: median window throughput / median bare slice (before and after the point)"),
     ]
 }
 
@@ -64,6 +67,8 @@ BASE_COLUMNS = [
     "client_cpu_pct",
 ]
 EXTRA_COLUMNS = [
+    "throughput_ci_low_rps",
+    "throughput_ci_high_rps",
     "server_inference_ms",
     "bytes_out_per_request",
     "bytes_device_to_host_per_request",
@@ -71,12 +76,17 @@ EXTRA_COLUMNS = [
     "client_saturated",
     "stable",
     "windows",
+    "disturbed",
+    "others_cpu_pct",
     "server_cpu_pct",
     "server_rss_mb",
     "reconfigure_s",
     "warmup_s",
     "bare_forward_ips",
     "ratio_bare",
+    "ratio_bare_ci_low",
+    "ratio_bare_ci_high",
+    "suspect",
     "error",
 ]
 

@@ -33,3 +33,44 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
     return numerator / denominator
+
+
+def mean_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """Student's t interval of the mean of `values` (a point's window throughputs); None with fewer than two."""
+    if len(values) < 2:
+        return None
+    from scipy import stats  # imported here: only measuring needs it
+
+    sample = np.asarray(values, dtype=float)
+    if np.ptp(sample) == 0:
+        return float(sample[0]), float(sample[0])
+    low, high = stats.t.interval(confidence, len(sample) - 1, loc=sample.mean(), scale=stats.sem(sample))
+    return float(low), float(high)
+
+
+def bootstrap_interval(
+    samples: list[list[float]], statistic, confidence: float = 0.95, resamples: int = 2000
+) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of statistic(*samples), each sample resampled on its own (scipy); None when a
+    sample has fewer than two values. Seeded: the same records give the same interval."""
+    if not samples or any(len(sample) < 2 for sample in samples):
+        return None
+    from scipy import stats
+
+    arrays = tuple(np.asarray(sample, dtype=float) for sample in samples)
+    result = stats.bootstrap(
+        arrays, statistic, n_resamples=resamples, confidence_level=confidence, method="percentile", vectorized=False, rng=0
+    )
+    low, high = result.confidence_interval
+    return float(low), float(high)
+
+
+def ratio_of_medians(numerator: list[float], denominator: list[float]) -> tuple[float | None, tuple[float, float] | None]:
+    """median(numerator) / median(denominator) and its bootstrap interval (served ÷ bare: windows over slices)."""
+    if not numerator or not denominator or not np.median(denominator):
+        return None, None
+
+    def statistic(a, b):
+        return np.median(a) / np.median(b)
+
+    return float(statistic(numerator, denominator)), bootstrap_interval([numerator, denominator], statistic)

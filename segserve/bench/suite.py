@@ -138,6 +138,9 @@ class LoadSettings(Strict):
     stable_windows: Annotated[int, Field(ge=1)] = 3
     max_windows: Annotated[int, Field(ge=1)] = 6
     stability_tolerance: Annotated[float, Field(gt=0)] = 0.1  # (max - min) / mean of the last windows' throughput
+    # A window in which processes other than the server and the load generator took more than this share of the
+    # machine's CPU is discarded and measured again (up to max_windows more); too few clean ones: `disturbed`.
+    max_others_share: Annotated[float, Field(gt=0, le=1)] = 0.1
     timeout_s: Annotated[float, Field(gt=0)] = 30.0
 
     @model_validator(mode="after")

@@ -1,0 +1,124 @@
+"""`segserve bench ab SUITE --a REF --b REF`: did a change slow the pipeline? Two versions of the project (git
+refs, checked out as worktrees, or folders) each get their own TorchServe; every point of the suite is
+measured A B, B A, A B … in turn, so a slow spell of the machine falls on both; then each point's windows of
+A and B are compared as `bench compare` does. Exit 1 only on a detected slowdown of B.
+"""
+
+import json
+import shutil
+import subprocess
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from segserve.bench import plan as planning
+from segserve.bench.compare import overall_change, throughput_change
+from segserve.bench.deploy import Deployment
+from segserve.bench.measure import measure, process_groups
+from segserve.bench.render import render_table
+from segserve.bench.session import Setup
+from segserve.bench.suite import Suite
+from segserve.catalog import Catalog
+from segserve.errors import UsageError
+
+
+def checkout(root: Path, ref: str, into: Path, log=print) -> tuple[Path, bool]:
+    """(the project folder of REF, whether it is a worktree made here): a folder as it is, else a git worktree."""
+    if Path(ref).is_dir():
+        return Path(ref).resolve(), False
+    done = subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(into), ref], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UsageError(f"{ref!r} is neither a folder nor a git ref of {root}: {done.stderr.strip().splitlines()[-1]}")
+    log(f"{ref}: worktree {into}")
+    return into, True
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--b-env {item!r}: give NAME=VALUE")
+        env[name] = value
+    return env
+
+
+def run_ab(
+    suite: Suite,
+    root: Path,
+    refs: tuple[str, str],
+    weights: Path,
+    results_root: Path,
+    rounds: int,
+    min_effect: float,
+    b_env: dict,
+    log=print,
+) -> tuple[Path, bool]:
+    if rounds < 1:
+        raise UsageError(f"--rounds must be ≥ 1 (got {rounds})")
+    if suite.http_targets:
+        raise UsageError(f"bench ab deploys both versions itself: http targets ({', '.join(suite.http_targets)}) cannot be compared")
+    work = Path(tempfile.mkdtemp(prefix="segserve-ab-"))
+    sides, worktrees = {}, []
+    try:
+        for name, ref in zip("ab", refs, strict=True):
+            folder, made = checkout(root, ref, work / name, log)
+            worktrees += [folder] if made else []
+            catalog = Catalog(folder)
+            sides[name] = Deployment(suite, catalog, weights, lambda _: None, env=b_env if name == "b" else None)
+        points = planning.expand(suite, sides["a"].catalog, Setup(suite, sides["a"].catalog, weights).digests())
+        log(f"{len(points)} point(s) × {rounds} round(s) × A and B, interleaved")
+        bodies = Setup(suite, sides["a"].catalog, weights)
+        windows: dict[tuple[str, str], list[float]] = {}
+        for point in points:
+            for index in range(rounds):
+                for name in "ab" if index % 2 == 0 else "ba":  # A B, B A, …: neither side always goes first
+                    deployment = sides[name]
+                    endpoint = deployment.deploy(point)
+                    groups = process_groups(deployment.server, endpoint.models)
+                    metrics = measure(endpoint, suite.load, point.params, bodies.bodies_for(point.target), groups)
+                    windows.setdefault((point.run_id, name), []).extend(metrics["measured_window_throughputs_rps"])
+                    log(f"  {point.run_id} round {index + 1} {name.upper()}: {metrics['throughput_rps']:.1f} req/s")
+    finally:
+        for deployment in sides.values():
+            deployment.close()
+        for folder in worktrees:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(folder)], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    rows, changes = [], []
+    for point in points:
+        a, b = windows[(point.run_id, "a")], windows[(point.run_id, "b")]
+        change = throughput_change(a, b, min_effect)
+        changes.append(change)
+        rows.append(
+            {
+                "run_id": point.run_id,
+                "params": " ".join(f"{k}={v}" for k, v in point.params.items()),
+                "a_rps": sum(a) / len(a) if a else None,
+                "b_rps": sum(b) / len(b) if b else None,
+                "change": change.change,
+                "change_ci_low": change.low,
+                "change_ci_high": change.high,
+                "verdict": change.verdict,
+                "a_windows_rps": a,
+                "b_windows_rps": b,
+            }
+        )
+    overall = overall_change(changes, min_effect)
+    slower = overall.verdict == "slower"
+    out_dir = results_root / suite.name / ("ab-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "a": refs[0],
+        "b": refs[1],
+        "b_env": b_env,
+        "rounds": rounds,
+        "min_effect": min_effect,
+        "overall": {"change": overall.change, "ci_low": overall.low, "ci_high": overall.high, "verdict": overall.verdict},
+        "slower": slower,
+        "points": rows,
+    }
+    (out_dir / "ab.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log(render_table(rows, ["run_id", "params", "a_rps", "b_rps", "change", "change_ci_low", "change_ci_high", "verdict"]))
+    log(f"overall, B vs A over {len(changes)} point(s): {overall.text()} (min effect {min_effect:.0%}); {out_dir / 'ab.json'}")
+    return out_dir, slower

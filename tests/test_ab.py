@@ -1,0 +1,58 @@
+"""`segserve bench ab`: two versions of the project, each with its own TorchServe, measured in turn."""
+
+import json
+import subprocess
+import textwrap
+
+import pytest
+
+from segserve.bench.compare import VERDICTS
+from segserve.cli import main
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+
+
+def write_suite(tmp_path):
+    suite = tmp_path / "ab.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            f"""
+            targets: [jpeg]
+            inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
+            grid: {{archive: {{batch_size: [4]}}, load: {{concurrency: [2]}}}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            """
+        )
+    )
+    return suite
+
+
+def worktrees() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+
+
+def test_ab_measures_both_versions_in_turn_and_leaves_no_worktree(tmp_path, trained_weights, capsys):
+    before = worktrees()
+    args = ["bench", "ab", str(write_suite(tmp_path)), "--a", "HEAD", "--b", str(ROOT), "--rounds", "2"]
+    code = main([*args, "--results", str(tmp_path / "results"), "--weights", str(trained_weights)])
+    (folder,) = (tmp_path / "results" / "ab").iterdir()
+    summary = json.loads((folder / "ab.json").read_text())
+    (point,) = summary["points"]
+    assert code == (1 if summary["slower"] else 0)
+    assert point["verdict"] in VERDICTS and len(point["a_windows_rps"]) >= 4 and len(point["b_windows_rps"]) >= 4
+    assert (summary["a"], summary["rounds"]) == ("HEAD", 2)
+    assert worktrees() == before  # the worktree made for HEAD is gone
+    assert "round 2 B" in capsys.readouterr().out
+
+
+def test_ab_b_env_reaches_bs_workers(tmp_path, trained_weights):
+    # SEGSERVE_TEST_SLOWDOWN=4: B's handler spins four times its own time, so B serves several times slower
+    args = ["bench", "ab", str(write_suite(tmp_path)), "--a", str(ROOT), "--b", str(ROOT), "--rounds", "1"]
+    args += ["--b-env", "SEGSERVE_TEST_SLOWDOWN=4", "--results", str(tmp_path / "results"), "--weights", str(trained_weights)]
+    code = main(args)
+    (folder,) = (tmp_path / "results" / "ab").iterdir()
+    summary = json.loads((folder / "ab.json").read_text())
+    (point,) = summary["points"]
+    assert summary["b_env"] == {"SEGSERVE_TEST_SLOWDOWN": "4"} and code == (1 if summary["slower"] else 0)
+    assert point["b_rps"] < point["a_rps"] / 2
