@@ -2,9 +2,9 @@
 # How the regression gate was judged (README, "Numbers you can trust"): N A/A comparisons (the same code on both
 # sides) and N A/B comparisons with B slowed down by SLOWDOWN (10%: SEGSERVE_TEST_SLOWDOWN=0.1), alternating,
 # each `segserve bench ab benchmarks/gate.yaml` with ROUNDS rounds. Prints one line per comparison and the counts.
-#   benchmarks/gate_campaign.sh [N=20] [SLOWDOWN=0.1] [ROUNDS=1]
+#   benchmarks/gate_campaign.sh [N=20] [SLOWDOWN=0.1] [ROUNDS=2]
 set -u
-N=${1:-20}; SLOWDOWN=${2:-0.1}; ROUNDS=${3:-1}
+N=${1:-20}; SLOWDOWN=${2:-0.1}; ROUNDS=${3:-2}
 OUT=${OUT:-results/gate-campaign}
 mkdir -p "$OUT"
 false_alarms=0; detected=0
