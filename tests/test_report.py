@@ -356,3 +356,25 @@ def test_the_suite_decides_from_every_points_change():
     assert overall_change(changes([0.2, -0.25, 0.1, -0.3]), 0.05).verdict == "too noisy to tell"
     single = Change(-0.2, -0.3, -0.1, "slower")
     assert overall_change([single], 0.05) is single
+
+
+def test_ratios_of_disturbed_points_are_not_printed_as_results(records):
+    for r in records:
+        if r["run_id"] == "jpeg-only":
+            r["disturbed"] = True
+    wf = {row["pipeline"]: row for row in efficiency(records, P99_MAX, "throughput_rps", BARE)}["seg_jpeg"]
+    assert wf["disturbed"] and wf["ratio_shared"] is None and wf["ratio_disjoint"] is None and wf["pipeline_rps"] == 60.0
+    seg = [
+        record(
+            "seg-d",
+            "seg",
+            50.0,
+            100.0,
+            ratio_bare=1.1,
+            ratio_bare_ci_low=0.9,
+            ratio_bare_ci_high=1.8,
+            bare_forward_ips=45.0,
+            disturbed=True,
+        )
+    ]
+    assert served_vs_bare(seg, {}, "throughput_rps", [])[0]["ratio_bare"] is None

@@ -79,8 +79,9 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
                     "bare_end_rps": entry.get("throughput_ips"),
                     "bare_end_min_rps": entry.get("throughput_min_ips"),
                     "bare_end_max_rps": entry.get("throughput_max_ips"),
-                    # served faster than the bare network beyond the interval: a disturbed measurement, not a result
-                    "ratio_bare": None if point.get("suspect") else value,
+                    # served faster than the bare network beyond the interval, or others busy on the machine: not a result
+                    "ratio_bare": None if point.get("suspect") or point.get("disturbed") else value,
+                    "disturbed": point.get("disturbed"),
                     "ratio_bare_ci_low": point.get("ratio_bare_ci_low"),
                     "ratio_bare_ci_high": point.get("ratio_bare_ci_high"),
                     "suspect": point.get("suspect"),
@@ -102,6 +103,8 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
         shared_bound_rps = 1 / sum(1 / rps for rps in member_rps.values())
         disjoint_bound_rps = min(member_rps.values())
         pipeline_rps = winner.get("throughput_rps")
+        # a ratio from a point other processes disturbed is not printed as a result
+        disturbed = any((winners.get(t) or {}).get("disturbed") for t in (name, *pipeline.members))
         node = pipeline.weights_node
         batch_size = winner.get(f"{node}_batch_size") or winner.get("batch_size")
         input_size = winner.get(f"{node}_input_size") or winner.get("input_size")
@@ -117,16 +120,17 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
                 "members": ", ".join(f"{m} {rps:.1f}" for m, rps in member_rps.items()),
                 **{f"{m}_rps": rps for m, rps in member_rps.items()},
                 "shared_bound_rps": shared_bound_rps,
-                "ratio_shared": ratio(pipeline_rps, shared_bound_rps),
+                "disturbed": disturbed,
+                "ratio_shared": None if disturbed else ratio(pipeline_rps, shared_bound_rps),
                 # 95% bootstrap intervals of the ratio, from the measured windows of the pipeline and its members
                 "ratio_shared_ci_low": shared_ci[0] if shared_ci else None,
                 "ratio_shared_ci_high": shared_ci[1] if shared_ci else None,
                 "disjoint_bound_rps": disjoint_bound_rps,
-                "ratio_disjoint": ratio(pipeline_rps, disjoint_bound_rps),
+                "ratio_disjoint": None if disturbed else ratio(pipeline_rps, disjoint_bound_rps),
                 "ratio_disjoint_ci_low": disjoint_ci[0] if disjoint_ci else None,
                 "ratio_disjoint_ci_high": disjoint_ci[1] if disjoint_ci else None,
                 "bare_rps": entry.get("throughput_ips"),
-                "ratio_bare": ratio(pipeline_rps, entry.get("throughput_ips")),
+                "ratio_bare": None if disturbed else ratio(pipeline_rps, entry.get("throughput_ips")),
                 "bare_batch_size": entry.get("batch_size"),
                 "bare_threads": entry.get("threads"),
             }
