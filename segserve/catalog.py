@@ -77,7 +77,7 @@ class Target:
     def gives(self) -> str:
         if len(self.leaves) > 1:
             return "json"
-        return next(n.model.gives for n in self.nodes if n.name == (self.leaves or (self.nodes[0].name,))[0])
+        return next(n.model.gives for n in self.nodes if n.name == self.leaves[0])
 
     @property
     def members(self) -> tuple[str, ...]:

@@ -63,7 +63,7 @@ class Deployment:
         env, overrides = dict(self.extra_env), {}
         for param in at_level("server"):
             if param.name in params and param.env:
-                env[param.env] = str(params[param.name]).upper() if param.env == "OMP_WAIT_POLICY" else str(params[param.name])
+                env[param.env] = param.env_value(params[param.name])
             if param.name in params and param.config:
                 overrides[param.config] = str(params[param.name])
         pinning = params.get("pinning", "none")

@@ -6,6 +6,7 @@ Levels: server (a TorchServe restart), archive (a new archive and re-registratio
 scale call), load (nothing: the load generator's settings).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -29,6 +30,7 @@ class Param:
     registration: str | None = None  # TorchServe key: workflow spec `models:` key (a model config key in `model_key`)
     model_key: str | None = None
     env: str | None = None  # server level: an environment variable of every worker
+    env_value: Callable[[object], str] = str  # how a value is written there
     config: str | None = None  # server level: a config.properties key
     per_node: bool = False  # may also be given per DAG node: grid.archive.nodes.<node>.<name>
     doc: str = ""
@@ -56,6 +58,7 @@ PARAMS = {
             "server",
             Literal["active", "passive"],
             env="OMP_WAIT_POLICY",
+            env_value=lambda value: str(value).upper(),
             doc="passive: idle OpenMP threads stop spinning on cores the frontend and decoders need",
         ),
         Param(

@@ -75,8 +75,9 @@ class Setup:
         """The node model that turns images into this kind of body (seg: class maps)."""
         return next(m for m in self.catalog.models.values() if m.takes == "image" and m.gives == kind)
 
-    def weights_bytes(self) -> bytes:
-        return self.weights.read_bytes() if self.weights.exists() else b""  # --dry-run may come before training
+    @cache  # noqa: B019 (read once per run, not once per target)
+    def weights_digest(self) -> str:
+        return _digest(self.weights.read_bytes()) if self.weights.exists() else ""  # --dry-run may come before training
 
     def parts(self, name: str) -> dict[str, str]:
         """Digests of what changes a target's measurement besides its parameters. The code (handlers/, segserve/)
@@ -89,14 +90,14 @@ class Setup:
         target = self.catalog.targets[name]
         if target.takes != "image":  # its inputs are what the producer model makes of the images
             producer = self.producer(target.takes)
-            parts["inputs"] = _digest(*self.images(), producer.config.read_bytes(), self.weights_bytes())
+            parts["inputs"] = _digest(*self.images(), producer.config.read_bytes(), self.weights_digest())
         files = {node.model.config for node in target.nodes}
         if target.dag:
             dag = self.catalog.dags[target.dag]
             files |= {dag.spec_path, dag.fused_config}
         recipe = [path.read_bytes() for path in sorted(files) if path.exists()]
         if any(node.model.weights for node in target.nodes):
-            recipe.append(self.weights_bytes())
+            recipe.append(self.weights_digest())
         server = [path.read_bytes() for path in (root / "config.properties", Path(suite.core_plan or "")) if path.is_file()]
         return {**parts, "recipe": _digest(*recipe), "server": _digest(*server)}
 
