@@ -1,6 +1,7 @@
 """`segserve bench ab`: two versions of the project, each with its own TorchServe, measured in turn."""
 
 import json
+import re
 import subprocess
 import textwrap
 
@@ -41,18 +42,20 @@ def test_ab_measures_both_versions_in_turn_and_leaves_no_worktree(tmp_path, trai
     (point,) = summary["points"]
     assert code == (1 if summary["slower"] else 0)
     assert point["verdict"] in VERDICTS and len(point["a_windows_rps"]) >= 4 and len(point["b_windows_rps"]) >= 4
+    assert len(point["a_rounds_rps"]) == len(point["b_rounds_rps"]) == 2
     assert (summary["a"], summary["rounds"]) == ("HEAD", 2)
     assert worktrees() == before  # the worktree made for HEAD is gone
-    assert "round 2 B" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert re.search(r"round 2 jpeg-\S+ B:", out) and re.search(r"round 1 jpeg-\S+ A:", out)
 
 
 def test_ab_b_env_reaches_bs_workers(tmp_path, trained_weights):
-    # SEGSERVE_TEST_SLOWDOWN=4: B's handler spins four times its own time, so B serves several times slower
+    # SEGSERVE_TEST_SLOWDOWN=10: B's handler spins ten times its own time, so B serves several times slower
     args = ["bench", "ab", str(write_suite(tmp_path)), "--a", str(ROOT), "--b", str(ROOT), "--rounds", "1"]
-    args += ["--b-env", "SEGSERVE_TEST_SLOWDOWN=4", "--results", str(tmp_path / "results"), "--weights", str(trained_weights)]
+    args += ["--b-env", "SEGSERVE_TEST_SLOWDOWN=10", "--results", str(tmp_path / "results"), "--weights", str(trained_weights)]
     code = main(args)
     (folder,) = (tmp_path / "results" / "ab").iterdir()
     summary = json.loads((folder / "ab.json").read_text())
     (point,) = summary["points"]
-    assert summary["b_env"] == {"SEGSERVE_TEST_SLOWDOWN": "4"} and code == (1 if summary["slower"] else 0)
-    assert point["b_rps"] < point["a_rps"] / 2
+    assert summary["b_env"] == {"SEGSERVE_TEST_SLOWDOWN": "10"} and code == (1 if summary["slower"] else 0)
+    assert point["b_rps"] < point["a_rps"] / 2, point

@@ -222,6 +222,30 @@ def test_window_keeps_requests_that_ended_inside_it():
     assert result.ok == [True, False, False, True]
 
 
+def batched(batch: int, every_s: float, until_s: float, phase_s: float = 0.0) -> LoadResult:
+    """A server that answers `batch` requests at once every `every_s` seconds (a batch of 8 spans 1 ms)."""
+    ends = [phase_s + k * every_s + i * 0.000125 for k in range(int(until_s / every_s)) for i in range(batch)]
+    return LoadResult(ends, ends, [0.0] * len(ends), [200] * len(ends), wall_s=until_s)
+
+
+@pytest.mark.parametrize("phase_s", [0.0, 0.03, 0.07, 0.1])
+def test_a_window_rate_does_not_depend_on_where_its_edges_fall_between_batches(phase_s):
+    result = batched(8, 0.125, 3.0, phase_s)  # 64 req/s, in lumps of 8
+    rates = [result.rate_rps(0.3 + k * 0.6, 0.9 + k * 0.6) for k in range(3)]
+    assert rates == pytest.approx([64.0] * 3, rel=0.01)
+    # fixed edges count 32 or 40 of them: 53 or 67 req/s
+    fixed = {sum(result.window(0.3 + k * 0.6, 0.9 + k * 0.6).ok) / 0.6 for k in range(3)}
+    assert fixed & {40 / 0.6, 32 / 0.6} and not fixed & {64.0}
+
+
+def test_a_window_rate_counts_successes_only_and_is_zero_without_any():
+    ends = [0.1 * k for k in range(1, 30)]
+    status = [200 if k % 2 else 500 for k in range(1, 30)]  # every other request fails: 5 successes a second
+    result = LoadResult(ends, ends, [0.0] * len(ends), status, wall_s=3.0)
+    assert result.rate_rps(0.5, 2.5) == pytest.approx(5.0)
+    assert result.rate_rps(3.5, 4.0) == 0.0
+
+
 @pytest.mark.parametrize("url", ["http://10.1.2.3:8080", "http://example.com", "https://127.0.0.1:8443"])
 def test_non_loopback_or_non_http_urls_are_refused(url):
     with pytest.raises(ValueError, match="give a"):

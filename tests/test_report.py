@@ -378,3 +378,16 @@ def test_ratios_of_disturbed_points_are_not_printed_as_results(records):
         )
     ]
     assert served_vs_bare(seg, {}, "throughput_rps", [])[0]["ratio_bare"] is None
+
+
+def test_a_point_measured_in_rounds_is_judged_from_its_rounds_side_by_side():
+    from segserve.bench.compare import paired_change
+
+    # every round's workers run at their own speed (80…120), but B is 10% slower than A within each round
+    a = [100.0, 120.0, 80.0, 110.0]
+    b = [90.0, 108.0, 72.0, 99.0]
+    change = paired_change(a, b, 0.05)
+    assert change.change == pytest.approx(-0.10) and change.verdict == "slower"
+    # the same numbers unpaired (B's best round above A's worst) tell nothing
+    assert paired_change(a, list(reversed(b)), 0.05).verdict == "too noisy to tell"
+    assert paired_change([100.0], [90.0], 0.05).verdict == "too noisy to tell"  # one round: no interval

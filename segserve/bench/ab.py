@@ -1,18 +1,20 @@
 """`segserve bench ab SUITE --a REF --b REF`: did a change slow the pipeline? Two versions of the project (git
 refs, checked out as worktrees, or folders) each get their own TorchServe; every point of the suite is
-measured A B, B A, A B … in turn, so a slow spell of the machine falls on both; then each point's windows of
-A and B are compared as `bench compare` does. Exit 1 only on a detected slowdown of B.
+measured A B, B A, A B … in turn, so a slow spell of the machine falls on both, with fresh workers on both sides
+each round; then each point's change is the mean of its rounds' B ÷ A (one round: its windows, as `bench compare`
+does) and the suite's the mean of its points'. Exit 1 only on a detected slowdown of B.
 """
 
 import json
 import shutil
 import subprocess
 import tempfile
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 from segserve.bench import plan as planning
-from segserve.bench.compare import overall_change, throughput_change
+from segserve.bench.compare import overall_change, paired_change, throughput_change
 from segserve.bench.deploy import Deployment
 from segserve.bench.measure import measure, process_groups
 from segserve.bench.render import render_table
@@ -70,15 +72,23 @@ def run_ab(
         log(f"{len(points)} point(s) × {rounds} round(s) × A and B, interleaved")
         bodies = Setup(suite, sides["a"].catalog, weights)
         windows: dict[tuple[str, str], list[float]] = {}
-        for point in points:
-            for index in range(rounds):
-                for name in "ab" if index % 2 == 0 else "ba":  # A B, B A, …: neither side always goes first
+        measured: dict[tuple[str, str], list[float]] = {}  # each round's throughput
+        for index in range(rounds):
+            for deployment in sides.values():
+                deployment.release()  # fresh workers each round: a worker's own luck is one round's noise
+            for number, point in enumerate(points):
+                # A B, B A, …: neither side always goes first, within a round or across rounds
+                for name in "ab" if (index + number) % 2 == 0 else "ba":
                     deployment = sides[name]
+                    started = time.monotonic()
                     endpoint = deployment.deploy(point)
+                    deploy_s = time.monotonic() - started
                     groups = process_groups(deployment.server, endpoint.models)
-                    metrics = measure(endpoint, suite.load, point.params, bodies.bodies_for(point.target), groups)
+                    metrics = measure(endpoint, suite.load, point.params, bodies.bodies_for(point.target), groups, deployment.fresh_workers)
                     windows.setdefault((point.run_id, name), []).extend(metrics["measured_window_throughputs_rps"])
-                    log(f"  {point.run_id} round {index + 1} {name.upper()}: {metrics['throughput_rps']:.1f} req/s")
+                    rps = metrics["throughput_rps"]
+                    measured.setdefault((point.run_id, name), []).append(rps)
+                    log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s (deployed in {deploy_s:.1f} s)")
     finally:
         for deployment in sides.values():
             deployment.close()
@@ -88,18 +98,22 @@ def run_ab(
     rows, changes = [], []
     for point in points:
         a, b = windows[(point.run_id, "a")], windows[(point.run_id, "b")]
-        change = throughput_change(a, b, min_effect)
+        a_rounds, b_rounds = measured[(point.run_id, "a")], measured[(point.run_id, "b")]
+        # paired by round when there are rounds to pair; one round: its windows, as `bench compare` does
+        change = paired_change(a_rounds, b_rounds, min_effect) if rounds > 1 else throughput_change(a, b, min_effect)
         changes.append(change)
         rows.append(
             {
                 "run_id": point.run_id,
                 "params": " ".join(f"{k}={v}" for k, v in point.params.items()),
-                "a_rps": sum(a) / len(a) if a else None,
-                "b_rps": sum(b) / len(b) if b else None,
+                "a_rps": sum(a_rounds) / len(a_rounds),
+                "b_rps": sum(b_rounds) / len(b_rounds),
                 "change": change.change,
                 "change_ci_low": change.low,
                 "change_ci_high": change.high,
                 "verdict": change.verdict,
+                "a_rounds_rps": a_rounds,
+                "b_rounds_rps": b_rounds,
                 "a_windows_rps": a,
                 "b_windows_rps": b,
             }

@@ -69,6 +69,29 @@ def throughput_change(old_windows: list[float], new_windows: list[float], min_ef
     return Change(float(change), float(low), float(high), verdict_of(change, low, high, min_effect))
 
 
+def paired_change(old_rounds: list[float], new_rounds: list[float], min_effect: float) -> Change:
+    """The change of a point measured in rounds, old and new side by side in each (`bench ab`): the mean of the
+    rounds' relative changes with its 95% interval (one-sample t over the rounds, scipy). Each round has fresh
+    workers on both sides, so a worker that happens to run fast or slow for its whole life (measured: ±10% from
+    one registration to the next on 2 cores) is one round's noise, not a difference between the versions."""
+    pairs = [(old, new) for old, new in zip(old_rounds, new_rounds, strict=True) if old]
+    if len(pairs) < 2:
+        return Change(None, None, None, "too noisy to tell")
+    return mean_change([new / old - 1 for old, new in pairs], min_effect)
+
+
+def mean_change(values: list[float], min_effect: float) -> Change:
+    """The mean of relative changes with its 95% interval (one-sample t, scipy) and the verdict."""
+    from scipy import stats
+
+    sample = np.asarray(values, dtype=float)
+    mean = float(sample.mean())
+    if np.ptp(sample) == 0:
+        return Change(mean, mean, mean, verdict_of(mean, mean, mean, min_effect))
+    interval = stats.ttest_1samp(sample, 0.0).confidence_interval(0.95)
+    return Change(mean, float(interval.low), float(interval.high), verdict_of(mean, interval.low, interval.high, min_effect))
+
+
 def verdict_of(change: float, low: float, high: float, min_effect: float) -> str:
     if high < 0 and change < -min_effect:
         return "slower"
@@ -86,14 +109,7 @@ def overall_change(changes: list[Change], min_effect: float) -> Change:
     measured = [c for c in changes if c.change is not None]
     if len(measured) < 2:
         return measured[0] if measured else Change(None, None, None, "too noisy to tell")
-    from scipy import stats
-
-    values = np.asarray([c.change for c in measured])
-    mean = float(values.mean())
-    if np.ptp(values) == 0:
-        return Change(mean, mean, mean, verdict_of(mean, mean, mean, min_effect))
-    interval = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
-    return Change(mean, float(interval.low), float(interval.high), verdict_of(mean, interval.low, interval.high, min_effect))
+    return mean_change([c.change for c in measured], min_effect)
 
 
 def windows_of(record: dict) -> list[float]:

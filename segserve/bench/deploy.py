@@ -35,8 +35,10 @@ class Deployment:
         self.server: TorchServe | None = None
         self.server_key = self.registered_key = None
         self.current_workers: dict[str, int] = {}
+        self.fresh_workers = False  # the last deploy started workers (registered or scaled)
 
     def deploy(self, point: Point) -> Endpoint:
+        self.fresh_workers = False
         http = self.suite.http_targets.get(point.target)
         if http is not None:
             self.stop_server()
@@ -97,15 +99,19 @@ class Deployment:
             self.recipe.node_archive(node.model, name, settings, registration)
         return f"{name}.mar"
 
+    def release(self) -> None:
+        """Unregister what is registered, so that the next point starts fresh workers (`bench ab`'s rounds)."""
+        if self.server is not None and self.registered_key is not None:
+            previous = self.catalog.targets[self.registered_key[0]]
+            self.server.unregister("workflows" if previous.kind == "workflow" else "models", previous.name)
+        self.registered_key = None
+
     def ensure_registered(self, point: Point, target: Target) -> None:
         key = (point.target, point.archive)
         if self.registered_key == key:
             return
+        self.release()
         server = self.server
-        if self.registered_key is not None:
-            previous = self.catalog.targets[self.registered_key[0]]
-            server.unregister("workflows" if previous.kind == "workflow" else "models", previous.name)
-        self.registered_key = None
         node_settings, stage, registration = settings_for(point, target)
         workers = point.workers
         if target.kind == "workflow":
@@ -130,7 +136,7 @@ class Deployment:
             server.register_model(archive, target.name, count, first.get("batch-size"), first.get("max-batch-delay"), log=lambda _: None)
         for model in target.models:
             server.wait_ready(model)
-        self.registered_key = key
+        self.registered_key, self.fresh_workers = key, True
         self.current_workers = dict(workers)
 
     def ensure_workers(self, point: Point, target: Target) -> None:
@@ -141,3 +147,4 @@ class Deployment:
                 # TorchServe's CPU launcher restarts every worker of the model on a scale: wait for them.
                 self.server.wait_ready(model)
                 self.current_workers[node] = count
+                self.fresh_workers = True

@@ -33,8 +33,11 @@ class Endpoint:
     models: tuple[str, ...]  # TorchServe models whose counters describe it
 
 
-def measure(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[bytes], process_groups: dict | None) -> dict:
-    """The metrics of one point: throughput and latency from the stable windows, server columns where it is ours."""
+def measure(
+    endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[bytes], process_groups: dict | None, fresh_workers: bool = False
+) -> dict:
+    """The metrics of one point: throughput and latency from the stable windows, server columns where it is ours.
+    fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more)."""
     spec = LoadSpec(
         url=endpoint.url,
         path=endpoint.path,
@@ -46,7 +49,7 @@ def measure(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[b
         arrival=load.arrival,
         timeout_s=load.timeout_s,
     )
-    window_s, warmup_s = load.window_s, load.warmup_s
+    window_s, warmup_s = load.window_s, load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
     ours = endpoint.metrics_url is not None
     # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
     disturbance = DisturbanceSampler([pid for pids in process_groups.values() for pid in pids]) if process_groups else None
@@ -63,7 +66,7 @@ def measure(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[b
         return [span for span in edges(result) if (others_share(span) or 0.0) <= load.max_others_share]
 
     def rates(result, spans) -> list[float]:
-        return [sum(result.window(a, b).ok) / window_s for a, b in spans]
+        return [result.rate_rps(a, b) for a, b in spans]
 
     def settled(result) -> bool:
         spans = clean(result)
@@ -105,7 +108,8 @@ def measure(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[b
         "requests_ok": requests_ok,
         "requests_failed": len(measured.status) - requests_ok,
         "failures_by_status": {k: v for k, v in measured.status_counts().items() if not k.startswith("2")},
-        "throughput_rps": requests_ok / measured.wall_s if measured.wall_s else 0.0,
+        # the mean of the windows' rates (edges on completions: see LoadResult.rate_rps), as its interval is
+        "throughput_rps": sum(rates(result, used)) / len(used) if used else 0.0,
         # 95% interval of the mean over the measured windows
         "throughput_ci_low_rps": interval[0] if interval else None,
         "throughput_ci_high_rps": interval[1] if interval else None,

@@ -162,7 +162,13 @@ def cost(suite: Suite, points: list[Point]) -> PlanCost:
             scales += 1
         previous = point
     load = suite.load
-    fixed_s = restarts * RESTART_S + registrations * REGISTER_S + scales * SCALE_S + len(points) * load.warmup_s
+    fixed_s = (
+        restarts * RESTART_S
+        + registrations * REGISTER_S
+        + scales * SCALE_S
+        + len(points) * load.warmup_s
+        + (registrations + scales) * load.fresh_workers_warmup_s
+    )
     return PlanCost(
         len(points),
         restarts,

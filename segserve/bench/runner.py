@@ -52,7 +52,7 @@ class Runner:
             groups = process_groups(server, endpoint.models) if server else None
             # the bare forward in short slices before and after the point: the same spell of the shared machine
             slices += self.bare_slices(point, node)
-            metrics = measure(endpoint, self.suite.load, point.params, self.bodies_for(point.target), groups)
+            metrics = measure(endpoint, self.suite.load, point.params, self.bodies_for(point.target), groups, self.deployment.fresh_workers)
             slices += self.bare_slices(point, node)
         except Exception as failure:  # one failed point must not lose the others
             reconfigure_s = time.monotonic() - started

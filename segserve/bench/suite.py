@@ -134,6 +134,8 @@ class LoadSettings(Strict):
     arrival: Literal["constant", "poisson"] = "constant"
     max_connections: Annotated[int, Field(ge=1)] = 64  # open loop: most requests in flight
     warmup_s: Annotated[float, Field(ge=0)] = 2.0
+    # more warm-up for a point that starts new workers (registered or scaled for it): their first requests are slow
+    fresh_workers_warmup_s: Annotated[float, Field(ge=0)] = 0.0
     window_s: Annotated[float, Field(gt=0)] = 3.0
     stable_windows: Annotated[int, Field(ge=1)] = 3
     max_windows: Annotated[int, Field(ge=1)] = 6
