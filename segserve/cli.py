@@ -192,16 +192,30 @@ def cmd_bench(args) -> int:
             suite, Path.cwd(), (args.a, args.b), Path(args.weights).resolve(), Path(args.results), args.rounds, args.min_effect, env
         )
         return 1 if slower else 0
+    if args.suite[0] == "replay":
+        from segserve.bench import replay
+
+        if len(args.suite) != 2:
+            raise UsageError(
+                "usage: segserve bench replay RESULTS --strategy grid,random,optuna,auto --budget 0.05,0.1 [--seeds 20] [--json]"
+            )
+        try:
+            return replay.main(Path(args.suite[1]), catalog(), args.strategy, args.budget, args.seeds, args.json)
+        except FileNotFoundError as error:
+            raise UsageError(str(error)) from None
     if len(args.suite) != 1:
         raise UsageError("usage: segserve bench SUITE.yaml [--dry-run] [--resume DIR]")
     from segserve.bench import plan
-    from segserve.bench.session import plan_points, run_suite
+    from segserve.bench.session import describe_search, plan_points, run_suite, strategy_for
     from segserve.bench.suite import load_suite
 
     suite_path, known = Path(args.suite[0]), catalog()
     suite = load_suite(suite_path, known)
+    points = plan_points(suite, known, Path(args.weights))
+    strategy_for(suite, known, points)  # a budget larger than the space, or auto without members: refused now
     if args.dry_run:
-        print(plan.describe(suite, plan_points(suite, known, Path(args.weights))))
+        print(plan.describe(suite, points))
+        print(describe_search(suite, known, points))
         if not Path(args.weights).exists():
             print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
         return 0
@@ -266,8 +280,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan here (default: print it)")
     p.set_defaults(run=cmd_pin)
 
-    p = sub.add_parser("bench", help="run a benchmark suite, `bench compare OLD NEW`, or `bench ab SUITE --a REF --b REF`")
-    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW | ab SUITE.yaml")
+    p = sub.add_parser(
+        "bench", help="run a benchmark suite, `bench compare OLD NEW`, `bench ab SUITE --a REF --b REF`, or `bench replay RESULTS`"
+    )
+    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW | ab SUITE.yaml | replay RESULTS")
     p.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
     p.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
     p.add_argument("--results", default="results", help="where result folders go (default: results)")
@@ -279,6 +295,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--min-effect", type=float, default=0.05, help="compare, ab: the smallest relative throughput change that counts (default 0.05)"
     )
+    p.add_argument("--strategy", default="grid,random,optuna,auto", help="replay: strategies, comma-separated")
+    p.add_argument("--budget", default="0.05,0.1,0.2", help="replay: fractions of the grid (0.1) or point counts (15), comma-separated")
+    p.add_argument("--seeds", type=int, default=20, help="replay: runs of each strategy and budget, seeds 0…N-1 (default 20)")
+    p.add_argument("--json", action="store_true", help='replay: print {"<strategy>": {"<budget>": {"median": x, "worst": y}}}')
     p.set_defaults(run=cmd_bench)
     return root
 

@@ -269,3 +269,38 @@ def test_the_throughput_interval_comes_from_the_windows():
     low, high = mean_interval([100.0, 102.0, 98.0])
     assert low == pytest.approx(95.03, abs=0.01) and high == pytest.approx(104.97, abs=0.01)  # t(0.975, 2) = 4.303
     assert mean_interval([50.0, 50.0]) == (50.0, 50.0) and mean_interval([1.0]) is None
+
+
+def test_dry_run_prints_the_search_space_and_its_budget(tmp_path, capsys):
+    search_suite = f"""
+        targets: [seg, jpeg, seg_jpeg]
+        inputs: [{{images: ["{SAMPLES}"]}}]
+        grid: {{archive: {{batch_size: [1, 4, 8, 16]}}, runtime: {{workers: [1, 2]}}, load: {{concurrency: [4, 16]}}}}
+        search: {{strategy: optuna, budget: {{fraction: 0.25}}, seed: 3}}
+        """
+    assert main(["bench", str(write(tmp_path, search_suite)), "--dry-run"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    # seg_jpeg: 4 batch sizes × 2 workers (the same for both nodes) × 2 loads; seg and jpeg are auto's probes
+    assert last.startswith("search: optuna (seed 3) over 16 candidate points (jpeg, seg alone: measured only by auto")
+    assert last.endswith("budget 4 points (25%)")
+
+
+@pytest.mark.parametrize(
+    ("search", "message"),
+    [
+        ("{strategy: optuna, budget: {points: 17}}", "search.budget.points: 17 is more than the 16 points of the space"),
+        ("{strategy: bayes}", "search.strategy: Input should be 'grid', 'random', 'optuna' or 'auto' (got 'bayes')"),
+        ("{budget: {points: 3, minutes: 2}}", "search.budget: give exactly one of points, fraction or minutes (got points, minutes)"),
+        ("{objectives: [throughput_rps, latency_p99]}", "unknown metric 'latency_p99' — did you mean 'latency_p99_ms'?"),
+    ],
+)
+def test_bad_search_sections_are_refused_in_one_line(tmp_path, capsys, search, message):
+    text = f"""
+        targets: [seg, jpeg, seg_jpeg]
+        inputs: [{{images: ["{SAMPLES}"]}}]
+        grid: {{archive: {{batch_size: [1, 4, 8, 16]}}, runtime: {{workers: [1, 2]}}, load: {{concurrency: [4, 16]}}}}
+        search: {search}
+        """
+    assert main(["bench", str(write(tmp_path, text)), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

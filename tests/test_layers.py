@@ -35,7 +35,8 @@ LAYERS = {
     **{
         f"segserve.bench.{name}": 2
         for name in (
-            "__init__ load stats schema params suite inputs server_metrics disturbance plan search measure deploy runner bare results"
+            "__init__ load stats schema params suite inputs server_metrics disturbance plan search predict measure deploy runner "
+            "bare results"
         ).split()
     },
     **{f"segserve.bench.{name}": 3 for name in "analysis render report plots compare sinks core_plan".split()},
@@ -43,6 +44,7 @@ LAYERS = {
         [
             "segserve.bench.session",
             "segserve.bench.ab",
+            "segserve.bench.replay",
             "segserve.cli",
             "segserve.chaos",
             "segserve.fuzz",

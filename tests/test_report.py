@@ -391,3 +391,31 @@ def test_a_point_measured_in_rounds_is_judged_from_its_rounds_side_by_side():
     # the same numbers unpaired (B's best round above A's worst) tell nothing
     assert paired_change(a, list(reversed(b)), 0.05).verdict == "too noisy to tell"
     assert paired_change([100.0], [90.0], 0.05).verdict == "too noisy to tell"  # one round: no interval
+
+
+def test_two_objectives_give_a_pareto_front_and_the_report_a_search_section(tmp_path):
+    from segserve.bench.analysis import pareto_front
+    from segserve.bench.report import write_report
+
+    rows = [
+        record("fast", "seg_jpeg", 100.0, 400.0),
+        record("quick", "seg_jpeg", 60.0, 90.0),
+        record("both-worse", "seg_jpeg", 50.0, 100.0),  # beaten by "quick" on both
+        record("tie-worse", "seg_jpeg", 60.0, 120.0),  # as fast as "quick", slower tail
+        record("too-slow", "seg_jpeg", 120.0, 900.0),  # breaks the constraint
+        record("predicted", "seg_jpeg", 80.0, 200.0, predicted_throughput_rps=100.0),
+    ]
+    constraints = {"latency_p99_ms": {"max": 500}}
+    front = pareto_front(rows, ["throughput_rps", "latency_p99_ms"], constraints)
+    assert [r["run_id"] for r in front] == ["fast", "predicted", "quick"]
+    assert pareto_front(rows, ["throughput_rps"], constraints) == []
+    analysis = analyse(rows, constraints, "throughput_rps", [], {}, ["throughput_rps", "latency_p99_ms"])
+    assert analysis.infeasible == 1
+    (prediction,) = analysis.predictions
+    assert prediction["run_id"] == "predicted" and prediction["measured_over_predicted"] == 0.8
+    search = {"strategy": "auto", "budget": "6 points (5%)", "candidates": 120, "measured": 6}
+    search.update(restarts=1, registrations=4, scales=2)
+    text = write_report(tmp_path, "s", rows, ["batch_size"], constraints, "throughput_rps", analysis, {}, search).read_text()
+    assert "Strategy **auto**, budget 6 points (5%): 6 point(s) measured of 120 candidate(s)." in text
+    assert "1 server start(s), 4 registration(s) and 2 live scale call(s)" in text
+    assert "### Pareto front" in text and "### Predicted vs measured (auto)" in text

@@ -1,11 +1,11 @@
 """What the records say, computed once for every renderer (report, terminal summary, plots, best/): the
 winner of each target under the constraints, served vs bare, pipeline efficiency, where time goes."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from segserve.bench.schema import best
+from segserve.bench.schema import METRICS, best, satisfies
 from segserve.bench.stats import bootstrap_interval, ratio
 
 
@@ -24,9 +24,14 @@ class Analysis:
     served_vs_bare: list[dict]
     efficiency: list[dict]
     breakdown: list[dict]
+    pareto: list[dict] = field(default_factory=list)  # two objectives: the points no other beats on both
+    predictions: list[dict] = field(default_factory=list)  # auto search: predicted vs measured throughput
+    infeasible: int = 0  # measured points that break a constraint (or failed)
 
 
-def analyse(records: list[dict], constraints: dict, objective: str, bare: list[dict], pipelines: dict[str, Pipeline]) -> Analysis:
+def analyse(
+    records: list[dict], constraints: dict, objective: str, bare: list[dict], pipelines: dict[str, Pipeline], objectives: list[str] = ()
+) -> Analysis:
     targets = list(dict.fromkeys(r.get("target") for r in records))
     winners = {t: best([r for r in records if r.get("target") == t], constraints, objective) for t in targets}
     return Analysis(
@@ -35,7 +40,51 @@ def analyse(records: list[dict], constraints: dict, objective: str, bare: list[d
         served_vs_bare(records, constraints, objective, bare),
         efficiency(winners, bare, pipelines),
         time_breakdown(winners, pipelines),
+        pareto_front(records, list(objectives), constraints),
+        predictions(records),
+        sum(not satisfies(r, constraints) for r in records),
     )
+
+
+def pareto_front(records: list[dict], objectives: list[str], constraints: dict) -> list[dict]:
+    """With two objectives: the points that meet the constraints and that no other such point matches or beats
+    on both while beating on one; best first by the first objective."""
+    if len(objectives) < 2:
+        return []
+    signs = [1 if METRICS[o].higher_is_better else -1 for o in objectives]
+    feasible = [r for r in records if satisfies(r, constraints) and all(r.get(o) is not None for o in objectives)]
+
+    def score(record: dict) -> list[float]:
+        return [sign * record[o] for sign, o in zip(signs, objectives, strict=True)]
+
+    def beaten(record: dict) -> bool:
+        mine = score(record)
+        return any(
+            all(a >= b for a, b in zip(score(other), mine, strict=True)) and score(other) != mine
+            for other in feasible
+            if other is not record
+        )
+
+    front = sorted((r for r in feasible if not beaten(r)), key=lambda r: -score(r)[0])
+    return [{"run_id": r.get("run_id"), "target": r.get("target"), **{o: r[o] for o in objectives}} for r in front]
+
+
+def predictions(records: list[dict]) -> list[dict]:
+    """The auto search's predicted throughput of each pipeline point it measured, against what was measured."""
+    rows = []
+    for r in records:
+        predicted, measured = r.get("predicted_throughput_rps"), r.get("throughput_rps")
+        if predicted is not None:
+            rows.append(
+                {
+                    "run_id": r.get("run_id"),
+                    "target": r.get("target"),
+                    "predicted_throughput_rps": predicted,
+                    "throughput_rps": measured,
+                    "measured_over_predicted": ratio(measured, predicted),
+                }
+            )
+    return rows
 
 
 def _pick_bare(bare: list[dict], batch_size, threads, input_size=None) -> dict | None:

@@ -36,6 +36,7 @@ class Deployment:
         self.server_key = self.registered_key = None
         self.current_workers: dict[str, int] = {}
         self.fresh_workers = False  # the last deploy started workers (registered or scaled)
+        self.changes = {"restarts": 0, "registrations": 0, "scales": 0}  # what the points cost (a search reports it)
 
     def deploy(self, point: Point) -> Endpoint:
         self.fresh_workers = False
@@ -78,6 +79,7 @@ class Deployment:
         config = self.catalog.root / "config.properties"
         self.server = TorchServe(run_dir, self.store, config, free_ports=True, config_overrides=overrides, env=env, core_plan=core_plan)
         self.server.start(log=lambda _: None)
+        self.changes["restarts"] += 1
         self.server_key, self.registered_key, self.current_workers = point.server, None, {}
 
     def stop_server(self) -> None:
@@ -137,6 +139,7 @@ class Deployment:
         for model in target.models:
             server.wait_ready(model)
         self.registered_key, self.fresh_workers = key, True
+        self.changes["registrations"] += 1
         self.current_workers = dict(workers)
 
     def ensure_workers(self, point: Point, target: Target) -> None:
@@ -148,3 +151,4 @@ class Deployment:
                 self.server.wait_ready(model)
                 self.current_workers[node] = count
                 self.fresh_workers = True
+                self.changes["scales"] += 1

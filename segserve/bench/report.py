@@ -30,6 +30,31 @@ def _time_outside(records: list[dict], targets: list[str]) -> str:
     return render_table(rows, list(rows[0]))
 
 
+def _search_section(search: dict, analysis: Analysis) -> list[str]:
+    """How the points were chosen and what that cost; the Pareto front (two objectives); auto's predictions."""
+    if not search:
+        return []
+    lines = [
+        "",
+        "## Search",
+        "",
+        f"- Strategy **{search['strategy']}**, budget {search['budget']}: {search['measured']} point(s) measured of "
+        f"{search['candidates']} candidate(s).",
+        f"- It caused {search['restarts']} server start(s), {search['registrations']} registration(s) and {search['scales']} "
+        "live scale call(s).",
+        f"- Infeasible points (a constraint broken, or failed): {analysis.infeasible}.",
+    ]
+    lines += _table_section(
+        "### Pareto front", analysis.pareto, "No other point that meets the constraints is as good on both objectives and better on one."
+    )
+    lines += _table_section(
+        "### Predicted vs measured (auto)",
+        analysis.predictions,
+        "Predicted from the members alone (1 / Σ 1/member_rps at the values the point sets), before the point was measured.",
+    )
+    return lines
+
+
 def _table_section(heading: str, rows: list[dict], explanation: str) -> list[str]:
     """Report lines for one computed table: heading, table, what it means; nothing when there are no rows."""
     return ["", heading, "", render_table(rows), "", explanation] if rows else []
@@ -44,6 +69,7 @@ def write_report(
     objective: str,
     analysis: Analysis,
     environment: dict,
+    search: dict | None = None,
 ) -> Path:
     """report.md with tables, flags and links to the PNG plots (plots/, written by the plots sink); returns its path."""
     targets, winners = analysis.targets, analysis.winners
@@ -71,6 +97,7 @@ def write_report(
             metrics = ", ".join(f"{header(m)} {cell(winner.get(m))}" for m in ("throughput_rps", "latency_p99_ms"))
             md.append(f"- **{target}**: `{winner.get('run_id')}` ({settings}): {metrics}")
 
+    md += _search_section(search or {}, analysis)
     md += _table_section(
         "## Served model vs bare model",
         analysis.served_vs_bare,

@@ -24,13 +24,15 @@ class Runner:
         measured without error is kept: its run id says it was measured the same way). `base`: keys every
         record carries (environment, setup)."""
         records = []
-        progress = Progress(sum(1 for p in self.strategy.plan() if done.get(p.run_id, {}).get("error", True)), self.log)
+        kept = sum(1 for p in self.strategy.plan() if not done.get(p.run_id, {}).get("error", True))
+        progress = Progress(self.strategy.size() - kept, self.log)
         try:
             while (point := self.strategy.ask()) is not None:
                 record = done.get(point.run_id)
                 if record is None or record.get("error"):
                     started = time.monotonic()
-                    record = {**self.measure_point(point), **base(point)}
+                    notes = self.strategy.annotate(point) if hasattr(self.strategy, "annotate") else {}
+                    record = {**self.measure_point(point), **base(point), **notes}
                     for sink in self.sinks:
                         sink.add(record)
                     progress.step(point, record, time.monotonic() - started)

@@ -42,6 +42,7 @@ METRICS = {
         Metric("others_cpu_pct", "% of the machine", False, "most CPU other processes took in a measured window (/proc/stat)"),
         Metric("bare_forward_ips", "img/s", True, "seg points: bare forward at the same batch, threads and input, measured right after"),
         Metric("ratio_bare", "×", True, "seg points: median window throughput / median bare slice (before and after the point)"),
+        Metric("predicted_throughput_rps", "req/s", True, "auto search: the throughput its members predicted, before measuring"),
     ]
 }
 
@@ -87,6 +88,7 @@ EXTRA_COLUMNS = [
     "ratio_bare_ci_low",
     "ratio_bare_ci_high",
     "suspect",
+    "predicted_throughput_rps",
     "error",
 ]
 

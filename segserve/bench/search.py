@@ -1,13 +1,29 @@
 """Search strategies: which point to measure next, told each result before they choose again.
 
 The runner knows only this interface (as Model Analyzer's config generators): `ask()` the next point
-(None: done), `tell(point, record)` what it measured. `plan()` is what the strategy would propose with no
-feedback, for --dry-run. The grid is the first strategy: every point, in the cheapest order.
+(None: done), `tell(point, record)` what it measured; `plan()` is what it would propose with no feedback
+(empty where every proposal depends on results) and `size()` the most points it will propose. Every strategy
+works over the suite's points in the grid's (cheapest) order and stops at its budget: a number of points, or
+minutes from its first proposal.
+
+- grid: every point, in order (with a budget: the first ones, as a grid stopped early).
+- random: a seeded sample of the budget's size, measured in the grid's order.
+- optuna: Optuna's GP or TPE sampler over the grid's lists (numbers as ordered indices, the rest as
+  categories); the suite's constraints as Optuna constraints (Trial.set_constraint), so infeasible points
+  steer the search; one objective, or two for a Pareto front. With `batch` > 1 it proposes that many points
+  at a time, measured in the grid's order, so that server restarts and re-registrations stay rare.
+- auto: measures the members (the DAG's nodes served alone) first, predicts every pipeline point from them
+  and measures the best predictions (segserve/bench/predict.py).
 """
 
+import random
+import time
+import warnings
 from typing import Protocol
 
 from segserve.bench.plan import Point
+from segserve.bench.schema import METRICS
+from segserve.errors import UsageError
 
 
 class Strategy(Protocol):
@@ -17,30 +33,301 @@ class Strategy(Protocol):
 
     def plan(self) -> list[Point]: ...
 
+    def size(self) -> int: ...
 
-class GridSearch:
-    """Every point once, in the plan's order (restarts and re-registrations only where values change)."""
 
-    def __init__(self, points: list[Point]):
+def budget_points(budget, space_size: int) -> int | None:
+    """How many points a budget allows: the grid's size without one, None for a budget in minutes."""
+    if budget is None:
+        return space_size
+    if budget.points is not None:
+        if budget.points > space_size:
+            raise UsageError(f"search.budget.points: {budget.points} is more than the {space_size} points of the space")
+        return budget.points
+    if budget.fraction is not None:
+        return max(1, round(budget.fraction * space_size))
+    return None
+
+
+class Search:
+    """What every strategy shares: the space in the grid's order, the budget, and what it was told (a point
+    proposed again is answered from it, not measured again). Subclasses choose in `propose`."""
+
+    def __init__(self, points: list[Point], limit: int | None, minutes: float | None = None, clock=time.monotonic):
         self.points = list(points)
-        self.next_index = 0
-        self.results: dict[str, dict] = {}
+        self.order = {p.run_id: index for index, p in enumerate(self.points)}
+        self.limit, self.minutes, self.clock = limit, minutes, clock
+        self.deadline: float | None = None
+        self.asked: list[Point] = []
+        self.told: dict[str, dict] = {}
+
+    def spent(self) -> bool:
+        if self.minutes is not None:
+            self.deadline = self.deadline or self.clock() + 60 * self.minutes
+            if self.clock() >= self.deadline:
+                return True
+        return len(self.asked) >= self.size()
 
     def ask(self) -> Point | None:
-        if self.next_index >= len(self.points):
+        if self.spent():
             return None
-        self.next_index += 1
-        return self.points[self.next_index - 1]
+        point = self.propose()
+        if point is not None:
+            self.asked.append(point)
+        return point
 
     def tell(self, point: Point, record: dict) -> None:
-        self.results[point.run_id] = record
+        self.told[point.run_id] = record
+        self.learn(point, record)
+
+    def unasked(self) -> list[Point]:
+        taken = {p.run_id for p in self.asked}
+        return [p for p in self.points if p.run_id not in taken]
+
+    def in_grid_order(self, points: list[Point]) -> list[Point]:
+        return sorted(points, key=lambda p: self.order[p.run_id])
+
+    def propose(self) -> Point | None:
+        raise NotImplementedError
+
+    def learn(self, point: Point, record: dict) -> None:
+        pass
 
     def plan(self) -> list[Point]:
-        return list(self.points)
+        """Without feedback: what the strategy starts with (the whole budget for grid and random)."""
+        return self.points[: self.limit]
+
+    def size(self) -> int:
+        """The most points it will propose (a budget in minutes: the whole space)."""
+        return min(self.limit or len(self.points), len(self.points))
 
 
-STRATEGIES = {"grid": GridSearch}
+class GridSearch(Search):
+    """Every point once, in the plan's order (restarts and re-registrations only where values change)."""
+
+    def __init__(self, points: list[Point], limit: int | None = None, minutes: float | None = None):
+        super().__init__(points, limit, minutes)
+
+    def propose(self) -> Point | None:
+        rest = self.unasked()
+        return rest[0] if rest else None
 
 
-def make_strategy(name: str, points: list[Point]) -> Strategy:
-    return STRATEGIES[name](points)
+class RandomSearch(Search):
+    """A seeded sample of the budget's size, measured in the grid's order (a budget in minutes: all, shuffled)."""
+
+    def __init__(self, points: list[Point], limit: int | None = None, minutes: float | None = None, seed: int = 0):
+        super().__init__(points, limit, minutes)
+        rng = random.Random(seed)
+        sample = rng.sample(self.points, min(limit or len(self.points), len(self.points)))
+        self.queue = self.in_grid_order(sample) if limit is not None else sample
+
+    def propose(self) -> Point | None:
+        return self.queue.pop(0) if self.queue else None
+
+    def plan(self) -> list[Point]:
+        return list(self.queue)
+
+
+def constraint_violations(record: dict, constraints: dict[str, dict]) -> dict[str, float]:
+    """Optuna's form of the suite's constraints: one value per bound (`latency_p99_ms_max`), ≤ 0 when it is met."""
+    values = {}
+    for tag, bounds in constraints.items():
+        value = record.get(tag)
+        for side, sign in (("max", 1.0), ("min", -1.0)):
+            if side in bounds:
+                values[f"{tag}_{side}"] = 1.0 if value is None else sign * (value - bounds[side])
+    return values
+
+
+class Space:
+    """The grid's lists as Optuna parameters: numbers as indices into their sorted values (so the sampler sees
+    their order), anything else as a category; with several targets, the target first, then the parameters it
+    has (a conditional space). A suggestion the grid does not hold maps to the nearest point it does."""
+
+    def __init__(self, points: list[Point]):
+        self.targets = list(dict.fromkeys(p.target for p in points))
+        self.points = {t: [p for p in points if p.target == t] for t in self.targets}
+        self.values: dict[str, dict[str, list]] = {}
+        for target, members in self.points.items():
+            names = dict.fromkeys(name for p in members for name in p.params)
+            self.values[target] = {name: sorted_values({p.params.get(name) for p in members}) for name in names}
+        # a parameter with the same values in every target that has it is one Optuna parameter, so a sampler that
+        # models only what all trials share (GP) learns it across targets; others are the target's own
+        lists: dict[str, list] = {}
+        for values in self.values.values():
+            for param, options in values.items():
+                lists.setdefault(param, []).append(options)
+        self.shared = {param for param, options in lists.items() if all(o == options[0] for o in options)}
+
+    def name(self, target: str, param: str) -> str:
+        return param if param in self.shared else f"{target}.{param}"
+
+    def suggest(self, trial) -> Point:
+        target = self.targets[0] if len(self.targets) == 1 else trial.suggest_categorical("target", self.targets)
+        chosen = {}
+        for param, values in self.values[target].items():
+            if len(values) == 1:
+                chosen[param] = values[0]
+            elif _ordered(values):
+                chosen[param] = values[trial.suggest_int(self.name(target, param), 0, len(values) - 1)]
+            else:
+                chosen[param] = trial.suggest_categorical(self.name(target, param), values)
+        return min(self.points[target], key=lambda p: self.distance(target, p.params, chosen))
+
+    def trial_params(self, point: Point) -> dict:
+        """The parameters a trial must have to suggest this point (for enqueue_trial)."""
+        params = {} if len(self.targets) == 1 else {"target": point.target}
+        for param, values in self.values[point.target].items():
+            if len(values) > 1:
+                value = point.params.get(param)
+                params[self.name(point.target, param)] = values.index(value) if _ordered(values) else value
+        return params
+
+    def distance(self, target: str, params: dict, chosen: dict) -> float:
+        total = 0.0
+        for param, values in self.values[target].items():
+            a, b = params.get(param), chosen.get(param)
+            total += abs(values.index(a) - values.index(b)) if _ordered(values) else float(a != b)
+        return total
+
+
+def _ordered(values: list) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+
+
+def sorted_values(values: set) -> list:
+    """Numbers in order; anything else by type, then text (a stable order for categories)."""
+    return sorted(values) if _ordered(list(values)) else sorted(values, key=lambda v: (type(v).__name__, str(v)))
+
+
+class OptunaSearch(Search):
+    MAX_REPEATS = 50  # suggestions of already-measured points before a random unmeasured one is taken
+
+    def __init__(
+        self,
+        points: list[Point],
+        limit: int | None = None,
+        minutes: float | None = None,
+        seed: int = 0,
+        objectives: list[str] = ("throughput_rps",),
+        constraints: dict | None = None,
+        sampler: str = "gp",
+        storage=None,
+        study_name: str | None = None,
+        batch: int = 1,
+    ):
+        import optuna
+
+        super().__init__(points, limit, minutes)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.objectives, self.constraints = list(objectives), dict(constraints or {})
+        self.space = Space(self.points)
+        self.rng = random.Random(seed)
+        self.waiting: dict[str, list] = {}  # run id → trials that proposed it, told when it is measured
+        startup = max(3, min(10, (limit or 30) // 3))  # random trials before the model; a small budget needs a model early
+
+        if sampler == "gp":
+            made = optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
+        else:
+            with warnings.catch_warnings():  # group: "experimental" since 2.8, what conditional spaces need
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                made = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True, constant_liar=True)
+        directions = ["maximize" if METRICS[o].higher_is_better else "minimize" for o in self.objectives]
+        self.study = optuna.create_study(directions=directions, sampler=made, storage=storage, study_name=study_name, load_if_exists=True)
+        self.queue: list[Point] = []
+        self.batch = batch  # points proposed at a time, measured in the grid's order: fewer restarts, less guidance
+
+    def propose(self) -> Point | None:
+        if not self.queue:
+            self.queue = self.next_batch()
+        return self.queue.pop(0) if self.queue else None
+
+    def next_batch(self) -> list[Point]:
+        room = self.batch if self.limit is None else min(self.batch, self.limit - len(self.asked))
+        taken = {p.run_id for p in self.asked}
+        fresh: dict[str, Point] = {}
+        repeats = 0
+        while len(fresh) < room and repeats < self.MAX_REPEATS:
+            trial = self.study.ask()
+            point = self.space.suggest(trial)
+            if point.run_id in self.told:  # measured already: its answer, at no cost
+                self.finish(trial, self.told[point.run_id])
+                repeats += 1
+                continue
+            self.waiting.setdefault(point.run_id, []).append(trial)  # told when the point is measured
+            if point.run_id in taken or point.run_id in fresh:
+                repeats += 1
+                continue
+            fresh[point.run_id] = point
+        if not fresh:  # the sampler keeps to measured points: take an unmeasured one, through the study
+            rest = self.unasked()
+            if not rest:
+                return []
+            point = self.rng.choice(rest)
+            self.study.enqueue_trial(self.space.trial_params(point))
+            trial = self.study.ask()
+            fresh[point.run_id] = self.space.suggest(trial)
+            self.waiting.setdefault(point.run_id, []).append(trial)
+        return self.in_grid_order(list(fresh.values()))
+
+    def learn(self, point: Point, record: dict) -> None:
+        for trial in self.waiting.pop(point.run_id, []):
+            self.finish(trial, record)
+
+    def finish(self, trial, record: dict) -> None:
+        from optuna.trial import TrialState
+
+        values = [record.get(tag) for tag in self.objectives]
+        if record.get("error") or any(v is None for v in values):
+            self.study.tell(trial, state=TrialState.FAIL)
+            return
+        for name, value in constraint_violations(record, self.constraints).items():
+            trial.set_constraint(name, value)  # the samplers keep to points where every value is ≤ 0
+        self.study.tell(trial, values if len(values) > 1 else values[0])
+
+    def plan(self) -> list[Point]:
+        return []  # known only as results come in
+
+
+STRATEGIES = ("grid", "random", "optuna", "auto")
+
+
+def candidates(points: list[Point], members: dict[str, dict[str, str]]) -> list[Point]:
+    """The points a search chooses among: all but the members of a pipeline the suite also lists (those are
+    measured only by auto, to predict the pipelines)."""
+    served_alone = {m for nodes in members.values() for m in nodes.values()}
+    return [p for p in points if p.target not in served_alone]
+
+
+def make_strategy(
+    name: str,
+    points: list[Point],
+    budget=None,
+    members: dict[str, dict[str, str]] | None = None,
+    seed: int = 0,
+    objectives: list[str] = ("throughput_rps",),
+    constraints: dict | None = None,
+    sampler: str = "gp",
+    storage=None,
+    study_name: str | None = None,
+    batch: int = 1,
+) -> Strategy:
+    """A strategy by name over a suite's points (in the grid's order) with its budget (the suite's
+    `search.budget`: of the candidates); grid without a budget measures every point, members too."""
+    members = members or {}
+    space = candidates(points, members)
+    limit = budget_points(budget, len(space))
+    minutes = budget.minutes if budget is not None else None
+    if name == "grid":
+        return GridSearch(points if budget is None else space, limit if budget is not None else None, minutes)
+    if name == "random":
+        return RandomSearch(space, limit, minutes, seed=seed)
+    if name == "optuna":
+        return OptunaSearch(space, limit, minutes, seed, objectives, constraints, sampler, storage, study_name, batch)
+    if name == "auto":
+        from segserve.bench.predict import AutoSearch
+
+        probes = [p for p in points if p not in space]
+        return AutoSearch(space, limit, minutes, members=members, probes=probes, objectives=objectives)
+    raise UsageError(f"unknown search strategy {name!r}: one of {', '.join(STRATEGIES)}")

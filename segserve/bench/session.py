@@ -17,7 +17,7 @@ from segserve.bench.deploy import Deployment
 from segserve.bench.inputs import class_maps, request_bodies
 from segserve.bench.results import read_runs
 from segserve.bench.runner import Runner, bare_throughputs
-from segserve.bench.search import make_strategy
+from segserve.bench.search import budget_points, candidates, make_strategy
 from segserve.bench.sinks import Best, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.suite import Suite
 from segserve.catalog import Catalog
@@ -115,6 +115,53 @@ def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
     return result
 
 
+def members_of(suite: Suite, catalog: Catalog) -> dict[str, dict[str, str]]:
+    """Pipeline target → {node: its model}, for the pipelines of the suite whose every node's model the suite
+    also serves alone (what the auto search predicts them from)."""
+    listed = set(suite.target_names)
+    members = {}
+    for name in suite.target_names:
+        target = catalog.targets.get(name)
+        if target is None or target.kind == "model":
+            continue
+        nodes = {node.name: node.model.name for node in target.nodes}
+        if set(nodes.values()) <= listed:
+            members[name] = nodes
+    return members
+
+
+def strategy_for(suite: Suite, catalog: Catalog, points: list[planning.Point], storage=None):
+    search = suite.search
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    return make_strategy(
+        search.strategy,
+        points,
+        search.budget,
+        members_of(suite, catalog),
+        search.seed,
+        suite.objectives,
+        constraints,
+        search.sampler,
+        storage,
+        suite.name,
+        search.batch,
+    )
+
+
+def describe_search(suite: Suite, catalog: Catalog, points: list[planning.Point]) -> str:
+    """The --dry-run line on the search: the space's size and what the budget allows (refuses a budget larger
+    than the space, as the run would)."""
+    search, members = suite.search, members_of(suite, catalog)
+    space = candidates(points, members)
+    limit = budget_points(search.budget, len(space))
+    if search.budget is None:
+        return f"search: {search.strategy}, no budget: every one of the {len(points)} points"
+    allowed = f"{search.budget.minutes:g} minutes" if limit is None else f"{limit} points ({limit / len(space):.0%})"
+    probes = sorted({m for nodes in members.values() for m in nodes.values()})
+    aside = f" ({', '.join(probes)} alone: measured only by auto, to predict the pipelines)" if probes else ""
+    return f"search: {search.strategy} (seed {search.seed}) over {len(space)} candidate points{aside}; budget {allowed}"
+
+
 def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.Point]:
     """The points with the run ids a run will give them (--dry-run)."""
     return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
@@ -137,7 +184,7 @@ def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Pa
     setup = Setup(suite, catalog, weights)
     parts = {name: setup.parts(name) for name in suite.target_names}
     points = planning.expand(suite, catalog, {name: _digest(p) for name, p in parts.items()})
-    strategy = make_strategy("grid", points)
+    strategy = strategy_for(suite, catalog, points)
     done = read_runs(out_dir)
     kept = [done[p.run_id] for p in points if p.run_id in done and not done[p.run_id].get("error")]
     if done:
@@ -152,8 +199,15 @@ def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Pa
     records = runner.run(done, lambda point: {"environment": env_info, "setup": parts[point.target]})
     bare = bare_throughputs(records, weights, runner.weights_node, log)
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names))
-    finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info)
+    analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
+    search = {
+        "strategy": suite.search.strategy,
+        "budget": describe_search(suite, catalog, points).rpartition("budget ")[2] if suite.search.budget else "none (the grid)",
+        "candidates": len(candidates(points, members_of(suite, catalog))),
+        "measured": len(records),
+        **deployment.changes,
+    }
+    finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, search)
     for sink in sinks:
         sink.finish(finished)
     return out_dir

@@ -3,7 +3,7 @@ the finished run once (`finish`). A new output (an exporter) is a new class here
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -27,6 +27,7 @@ class FinishedRun:
     bare: list[dict]
     analysis: Analysis
     environment: dict
+    search: dict = field(default_factory=dict)  # strategy, budget, candidates, measured; restarts, registrations, scales
 
     @property
     def constraints(self) -> dict:
@@ -63,7 +64,9 @@ class Summary(Sink):
 class Report(Sink):
     def finish(self, run: FinishedRun) -> None:
         constraints, suite = run.constraints, run.suite
-        write_report(run.out_dir, suite.name, run.records, run.swept, constraints, suite.objective, run.analysis, run.environment)
+        write_report(
+            run.out_dir, suite.name, run.records, run.swept, constraints, suite.objective, run.analysis, run.environment, run.search
+        )
 
 
 class Plots(Sink):

@@ -157,6 +157,41 @@ class Bound(Strict):
     max: float | None = None
 
 
+class Budget(Strict):
+    """How much of the space a search may measure: a point count, a fraction of the grid, or minutes."""
+
+    points: Annotated[int, Field(ge=1)] | None = None
+    fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    minutes: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def one_kind(self):
+        given = [k for k in ("points", "fraction", "minutes") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of points, fraction or minutes (got {', '.join(given) or 'none'})")
+        return self
+
+
+class SearchSettings(Strict):
+    """Which points to measure: every one (grid), or a search that proposes them within a budget."""
+
+    strategy: Literal["grid", "random", "optuna", "auto"] = "grid"
+    budget: Budget | None = None  # none: the whole grid
+    seed: int = 0
+    sampler: Literal["tpe", "gp"] = "gp"  # optuna's sampler (GP: better with a few dozen points)
+    # optuna: points proposed at a time and measured in the grid's order: fewer restarts, a little less guidance
+    batch: Annotated[int, Field(ge=1)] = 1
+    # one or two metrics; two: optuna searches for the Pareto front (the report shows it); none: the suite's objective
+    objectives: Annotated[list[str], Field(min_length=1, max_length=2)] | None = None
+
+    @field_validator("objectives")
+    @classmethod
+    def known_objectives(cls, objectives: list[str] | None) -> list[str] | None:
+        for tag in objectives or []:
+            _check_metric(tag)
+        return objectives
+
+
 class Suite(Strict):
     name: str | None = None
     targets: Annotated[list[str | HttpTarget], Field(min_length=1)]
@@ -166,6 +201,7 @@ class Suite(Strict):
     constraints: dict[str, Bound] = {}
     objective: str = "throughput_rps"
     core_plan: str | None = None  # the plan used by grid.server.pinning "plan"
+    search: SearchSettings = SearchSettings()
 
     @model_validator(mode="after")
     def plan_for_pinning(self):
@@ -192,6 +228,10 @@ class Suite(Strict):
         if len(set(names)) != len(names):
             raise ValueError(f"a target is listed twice (got {names})")
         return targets
+
+    @property
+    def objectives(self) -> list[str]:
+        return self.search.objectives or [self.objective]
 
     @property
     def target_names(self) -> list[str]:
