@@ -3,6 +3,7 @@ loopback ports and a worker-socket range no other instance uses."""
 
 import os
 import socket
+import threading
 from pathlib import Path
 
 from segserve.errors import RuntimeFailure
@@ -10,10 +11,22 @@ from segserve.errors import RuntimeFailure
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
 
 
+# Ports and worker-port bases this process handed to a TorchServe: it binds them a moment later, so another
+# instance started meanwhile (`bench ab` starts two at once) must not be handed the same ones.
+_HANDED_OUT_PORTS: set[int] = set()
+_HANDED_OUT_WORKER_BASES: set[int] = set()
+_HANDING_OUT = threading.Lock()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    with _HANDING_OUT:
+        while True:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            if port not in _HANDED_OUT_PORTS:
+                _HANDED_OUT_PORTS.add(port)
+                return port
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -54,7 +67,9 @@ def loopback_ports(port_base: int | None) -> dict[str, str]:
 
 def free_worker_port_base() -> int:
     """A worker-port range whose unix sockets (/tmp/.ts.sock.<port>) no other instance uses."""
-    for base in range(20000 + (os.getpid() % 300) * 100, 60000, 100):
-        if not any(Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(100)):
-            return base
+    with _HANDING_OUT:
+        for base in range(20000 + (os.getpid() % 300) * 100, 60000, 100):
+            if base not in _HANDED_OUT_WORKER_BASES and not any(Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(100)):
+                _HANDED_OUT_WORKER_BASES.add(base)
+                return base
     raise RuntimeFailure("no free worker port range under /tmp/.ts.sock.*")

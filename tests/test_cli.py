@@ -101,3 +101,16 @@ def test_serve_predict_and_stop_from_the_command_line(model_store, tmp_path, cap
         import os
 
         os.kill(pid, 0)
+
+
+def test_instances_started_at_once_are_handed_different_ports_and_worker_ranges():
+    # `bench ab` starts two TorchServes in two threads: each binds its ports only after both have chosen them
+    from concurrent.futures import ThreadPoolExecutor
+
+    from segserve.ts_config import free_worker_port_base, loopback_ports
+
+    with ThreadPoolExecutor(4) as pool:
+        chosen = list(pool.map(lambda _: (loopback_ports(None), free_worker_port_base()), range(4)))
+    ports = [value.rsplit(":", 1)[-1] for addresses, _ in chosen for value in addresses.values()]
+    assert len(ports) == len(set(ports)) == 20
+    assert len({base for _, base in chosen}) == 4
