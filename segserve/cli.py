@@ -212,8 +212,8 @@ def cmd_bench(args) -> int:
     suite_path, known = Path(args.suite[0]), catalog()
     suite = load_suite(suite_path, known)
     points = plan_points(suite, known, Path(args.weights))
-    strategy_for(suite, known, points)  # a budget larger than the space, or auto without members: refused now
     if args.dry_run:
+        strategy_for(suite, known, points)  # refused as the run would: a budget larger than the space, auto without members
         print(plan.describe(suite, points))
         print(describe_search(suite, known, points))
         if not Path(args.weights).exists():

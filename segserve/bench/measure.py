@@ -96,7 +96,8 @@ def measure(
     shares = [others_share(span) for span in all_spans]
     steal = [disturbance.share(*span)[1] for span in all_spans] if disturbance else []
     window_rates = rates(result, all_spans)
-    interval = mean_interval(rates(result, used))
+    used_rates = rates(result, used)  # the windows the numbers come from
+    interval = mean_interval(used_rates)
     server = {}
     if ours:
         server = {
@@ -109,7 +110,7 @@ def measure(
         "requests_failed": len(measured.status) - requests_ok,
         "failures_by_status": {k: v for k, v in measured.status_counts().items() if not k.startswith("2")},
         # the mean of the windows' rates (edges on completions: see LoadResult.rate_rps), as its interval is
-        "throughput_rps": sum(rates(result, used)) / len(used) if used else 0.0,
+        "throughput_rps": sum(used_rates) / len(used_rates) if used_rates else 0.0,
         # 95% interval of the mean over the measured windows
         "throughput_ci_low_rps": interval[0] if interval else None,
         "throughput_ci_high_rps": interval[1] if interval else None,
@@ -121,8 +122,8 @@ def measure(
         "stable": stable,
         "windows": len(window_rates),
         "window_throughputs_rps": window_rates,
-        "window_spread": spread(rates(result, used)) if used else None,
-        "measured_window_throughputs_rps": rates(result, used),  # the windows the numbers come from
+        "window_spread": spread(used_rates) if used_rates else None,
+        "measured_window_throughputs_rps": used_rates,
         # others' share of the machine per window (% of all cores), and what was done about it
         "window_others_cpu_pct": [None if v is None else round(100 * v, 1) for v in shares],
         "others_cpu_pct": max((100 * v for v, span in zip(shares, all_spans, strict=True) if v is not None and span in used), default=None),

@@ -148,18 +148,25 @@ def strategy_for(suite: Suite, catalog: Catalog, points: list[planning.Point], s
     )
 
 
-def describe_search(suite: Suite, catalog: Catalog, points: list[planning.Point]) -> str:
-    """The --dry-run line on the search: the space's size and what the budget allows (refuses a budget larger
-    than the space, as the run would)."""
-    search, members = suite.search, members_of(suite, catalog)
-    space = candidates(points, members)
+def search_budget(suite: Suite, catalog: Catalog, points: list[planning.Point]) -> tuple[int, str]:
+    """(the number of candidate points, what the budget allows in words); refuses a budget larger than the space."""
+    search = suite.search
+    space = candidates(points, members_of(suite, catalog))
     limit = budget_points(search.budget, len(space))
     if search.budget is None:
+        return len(space), "none (the grid)"
+    return len(space), f"{search.budget.minutes:g} minutes" if limit is None else f"{limit} points ({limit / len(space):.0%})"
+
+
+def describe_search(suite: Suite, catalog: Catalog, points: list[planning.Point]) -> str:
+    """The --dry-run line on the search: the space's size and what the budget allows."""
+    search = suite.search
+    space, allowed = search_budget(suite, catalog, points)
+    if search.budget is None:
         return f"search: {search.strategy}, no budget: every one of the {len(points)} points"
-    allowed = f"{search.budget.minutes:g} minutes" if limit is None else f"{limit} points ({limit / len(space):.0%})"
-    probes = sorted({m for nodes in members.values() for m in nodes.values()})
+    probes = sorted({m for nodes in members_of(suite, catalog).values() for m in nodes.values()})
     aside = f" ({', '.join(probes)} alone: measured only by auto, to predict the pipelines)" if probes else ""
-    return f"search: {search.strategy} (seed {search.seed}) over {len(space)} candidate points{aside}; budget {allowed}"
+    return f"search: {search.strategy} (seed {search.seed}) over {space} candidate points{aside}; budget {allowed}"
 
 
 def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.Point]:
@@ -200,13 +207,8 @@ def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Pa
     bare = bare_throughputs(records, weights, runner.weights_node, log)
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
     analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
-    search = {
-        "strategy": suite.search.strategy,
-        "budget": describe_search(suite, catalog, points).rpartition("budget ")[2] if suite.search.budget else "none (the grid)",
-        "candidates": len(candidates(points, members_of(suite, catalog))),
-        "measured": len(records),
-        **deployment.changes,
-    }
+    space, allowed = search_budget(suite, catalog, points)
+    search = {"strategy": suite.search.strategy, "budget": allowed, "candidates": space, "measured": len(records), **deployment.changes}
     finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, search)
     for sink in sinks:
         sink.finish(finished)
