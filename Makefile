@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-numactl build run bench test lint fuzz chaos mix gpu-check clean
+.PHONY: setup setup-numactl setup-postgres build run bench test lint fuzz chaos mix gpu-check clean
 
 setup: $(STAMP)
 
@@ -17,6 +17,13 @@ $(STAMP): setup.cfg pyproject.toml
 # TorchServe's own CPU launcher (pinning: torchserve in a suite) needs numactl.
 setup-numactl:
 	command -v numactl >/dev/null || (apt-get update -q && apt-get install -y -q numactl)
+
+# PostgreSQL for the shared-study tests (bench --storage postgresql://): Debian's package, started by the tests
+# themselves on a free loopback port; where it cannot be installed, those tests skip and say why.
+setup-postgres:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) || \
+	echo "setup-postgres: could not install postgresql; the PostgreSQL tests will skip"
 
 build: setup
 	$(BIN)/segserve build
@@ -37,7 +44,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+test: lint setup-postgres
 	$(BIN)/python -m pytest
 
 # Hostile inputs against every handler's input path, each in a child process, for 15 minutes (FUZZ_SECONDS; `make test`

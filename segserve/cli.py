@@ -203,28 +203,51 @@ def cmd_bench(args) -> int:
             return replay.main(Path(args.suite[1]), catalog(), args.strategy, args.budget, args.seeds, args.json)
         except FileNotFoundError as error:
             raise UsageError(str(error)) from None
+    if args.suite[0] == "collect":
+        from segserve.bench.session import collect
+
+        if len(args.suite) != 2:
+            raise UsageError("usage: segserve bench collect STUDY --storage URL (or: collect RESULT_DIR, its study.log)")
+        collect(args.suite[1], args.storage, catalog(), Path(args.results))
+        return 0
     if len(args.suite) != 1:
-        raise UsageError("usage: segserve bench SUITE.yaml [--dry-run] [--resume DIR]")
-    from segserve.bench import plan
-    from segserve.bench.session import describe_search, plan_points, run_suite, strategy_for
+        raise UsageError("usage: segserve bench SUITE.yaml [--dry-run] [--resume DIR] [--storage URL] [--port-base N]")
+    from segserve.bench import plan, study
+    from segserve.bench.session import check_storage, describe_search, plan_points, run_suite, strategy_for
     from segserve.bench.suite import load_suite
 
     suite_path, known = Path(args.suite[0]), catalog()
     suite = load_suite(suite_path, known)
     points = plan_points(suite, known, Path(args.weights))
+    if args.heartbeat_s < 1:
+        raise UsageError(f"--heartbeat-s must be ≥ 1 (got {args.heartbeat_s})")
     if args.dry_run:
-        strategy_for(suite, known, points)  # refused as the run would: a budget larger than the space, auto without members
+        check_storage(suite, args.storage)
+        storage = study.open_storage(args.storage, None, args.heartbeat_s) if args.storage else None  # reachable?
+        strategy_for(suite, known, points, storage)  # refused as the run would: a budget larger than the space, auto without members
         print(plan.describe(suite, points))
         print(describe_search(suite, known, points))
         if not Path(args.weights).exists():
             print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
         return 0
     resume = Path(args.resume) if args.resume else None
-    run_suite(suite_path, suite, known, Path(args.results), Path(args.weights), resume)
+    run_suite(
+        suite_path,
+        suite,
+        known,
+        Path(args.results),
+        Path(args.weights),
+        resume,
+        storage_url=args.storage,
+        port_base=args.port_base,
+        heartbeat_s=args.heartbeat_s,
+    )
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
+    from segserve.bench.study import HEARTBEAT_S
+
     root = argparse.ArgumentParser(prog="segserve", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--model-store", default="model_store", help="archive folder (default: model_store)")
@@ -281,13 +304,28 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_pin)
 
     p = sub.add_parser(
-        "bench", help="run a benchmark suite, `bench compare OLD NEW`, `bench ab SUITE --a REF --b REF`, or `bench replay RESULTS`"
+        "bench",
+        help="run a benchmark suite, `bench compare OLD NEW`, `bench ab SUITE --a REF --b REF`, `bench replay RESULTS`, "
+        "or `bench collect STUDY`",
     )
-    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW | ab SUITE.yaml | replay RESULTS")
+    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW | ab SUITE.yaml | replay RESULTS | collect STUDY")
     p.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
     p.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
     p.add_argument("--results", default="results", help="where result folders go (default: results)")
     p.add_argument("--weights", default="weights/seg.pt", help="weights used for every seg archive")
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        help="optuna search, collect: the Optuna storage of the study; postgresql://user:password@host/db shares it between bench "
+        "processes (default: study.log in the result folder)",
+    )
+    p.add_argument("--port-base", type=int, help="TorchServe's HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: free ports)")
+    p.add_argument(
+        "--heartbeat-s",
+        type=int,
+        default=HEARTBEAT_S,
+        help=f"database storage: seconds between a running trial's heartbeats; silent for 3, it goes to another process ({HEARTBEAT_S})",
+    )
     p.add_argument("--a", help="ab: the version to compare against: a git ref or a project folder")
     p.add_argument("--b", help="ab: the version under test: a git ref or a project folder (`.`: this working tree)")
     p.add_argument("--rounds", type=int, default=3, help="ab: A/B measurements of each point, interleaved (default 3)")

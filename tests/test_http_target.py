@@ -70,3 +70,26 @@ def test_an_http_target_is_measured_with_its_headers_and_a_dead_one_fails_withou
     assert set(Endpoint.seen_headers) == {"Bearer t0ken"}
     report = (folder / "report.md").read_text()
     assert "## other" in report and f"- `{rows['dead']['run_id']}`: RuntimeFailure" in report
+
+
+def test_a_pruned_point_stops_after_the_window_the_pruner_judged_hopeless(endpoint):
+    """measure() asks the pruner after each window; True stops the load there and marks the point `pruned`."""
+    from segserve.bench.measure import Endpoint as Measured
+    from segserve.bench.measure import measure
+    from segserve.bench.suite import LoadSettings
+
+    url, path = endpoint.rsplit("/predictions", 1)
+    target = Measured(url, "/predictions" + path, None, {}, None, ())
+    load = LoadSettings(warmup_s=0.2, window_s=0.3, stable_windows=6, max_windows=6, stability_tolerance=0.0001)
+    seen: list[list[float]] = []
+
+    def hopeless_after_two(rates: list[float]) -> bool:
+        seen.append(list(rates))
+        return len(rates) >= 2
+
+    pruned = measure(target, load, {"concurrency": 2}, [b"x"], None, prune=hopeless_after_two)
+    assert pruned["pruned"] is True
+    assert 2 <= pruned["windows"] < 6  # stopped at the judged window (a check may land just after the next one)
+    assert all(r > 0 for r in seen[-1])
+    whole = measure(target, load, {"concurrency": 2}, [b"x"], None)
+    assert whole["pruned"] is False and whole["windows"] >= 5  # to max_windows (the last may end just short)

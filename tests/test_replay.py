@@ -62,12 +62,14 @@ def test_replay_scores_every_strategy_against_the_grids_best(tmp_path):
     points = write_recorded_grid(tmp_path / "rec")
     pipeline = [p for p in points if p.target == "seg_jpeg"]  # 45 candidates; seg and jpeg are auto's probes
     results = replay(tmp_path / "rec", Catalog(ROOT), ["grid", "random", "auto"], ["1.0", "0.2", "9"], seeds=3, log=lambda _: None)
-    assert results["grid"]["1.0"] == {"median": 1.0, "worst": 1.0, "points": len(pipeline)}
+    assert results["grid"]["1.0"] == {"median": 1.0, "worst": 1.0, "points": len(pipeline), "registrations": 5, "restarts": 1}
     assert results["random"]["9"]["points"] == 9
+    # the proposals' cost in the order proposed: random's sample is measured in the grid's order
+    assert 1 <= results["random"]["9"]["registrations"] <= 5
     assert 0 < results["random"]["0.2"]["worst"] <= results["random"]["0.2"]["median"] <= 1.0
     # auto measures each member's base and, one at a time, its other batch sizes and workers (7 each), then its
     # best predictions
-    assert results["auto"]["1.0"] == {"median": 1.0, "worst": 1.0, "points": len(pipeline)}
+    assert {k: results["auto"]["1.0"][k] for k in ("median", "worst", "points")} == {"median": 1.0, "worst": 1.0, "points": len(pipeline)}
     assert results["auto"]["0.2"]["points"] == 9  # 4 of them members: their base points and one batch size each
 
 

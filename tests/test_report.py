@@ -416,6 +416,6 @@ def test_two_objectives_give_a_pareto_front_and_the_report_a_search_section(tmp_
     search = {"strategy": "auto", "budget": "6 points (5%)", "candidates": 120, "measured": 6}
     search.update(restarts=1, registrations=4, scales=2)
     text = write_report(tmp_path, "s", rows, ["batch_size"], constraints, "throughput_rps", analysis, {}, search).read_text()
-    assert "Strategy **auto**, budget 6 points (5%): 6 point(s) measured of 120 candidate(s)." in text
+    assert "Strategy **auto**, budget 6 points (5%): 6 point(s) measured of 120 candidate(s); 0 stopped early" in text
     assert "1 server start(s), 4 registration(s) and 2 live scale call(s)" in text
     assert "### Pareto front" in text and "### Predicted vs measured (auto)" in text

@@ -26,8 +26,9 @@ def _digest(value) -> str:
 
 
 class Deployment:
-    def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print, env: dict | None = None):
+    def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print, env: dict | None = None, port_base: int | None = None):
         self.suite, self.catalog, self.weights, self.log = suite, catalog, weights, log
+        self.port_base = port_base  # None: free ports for every server it starts
         self.extra_env = dict(env or {})  # for every worker of this deployment's server (`bench ab --b-env`)
         self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-"))
         self.staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
@@ -77,7 +78,8 @@ class Deployment:
         core_plan = Path(self.suite.core_plan) if pinning == "plan" else None
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
         config = self.catalog.root / "config.properties"
-        self.server = TorchServe(run_dir, self.store, config, free_ports=True, config_overrides=overrides, env=env, core_plan=core_plan)
+        ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
+        self.server = TorchServe(run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, **ports)
         self.server.start(log=lambda _: None)
         self.changes["restarts"] += 1
         self.server_key, self.registered_key, self.current_workers = point.server, None, {}

@@ -34,10 +34,17 @@ class Endpoint:
 
 
 def measure(
-    endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[bytes], process_groups: dict | None, fresh_workers: bool = False
+    endpoint: Endpoint,
+    load: LoadSettings,
+    params: dict,
+    bodies: list[bytes],
+    process_groups: dict | None,
+    fresh_workers: bool = False,
+    prune=None,
 ) -> dict:
     """The metrics of one point: throughput and latency from the stable windows, server columns where it is ours.
-    fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more)."""
+    fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more).
+    prune(window rates so far) → True: the point is hopeless (a search's pruner): stop measuring it, `pruned`."""
     spec = LoadSpec(
         url=endpoint.url,
         path=endpoint.path,
@@ -68,9 +75,16 @@ def measure(
     def rates(result, spans) -> list[float]:
         return [result.rate_rps(a, b) for a, b in spans]
 
+    pruned = False
+
     def settled(result) -> bool:
+        nonlocal pruned
         spans = clean(result)
-        return stable_tail(rates(result, spans), load.stable_windows, load.stability_tolerance) or len(spans) >= load.max_windows
+        so_far = rates(result, spans)
+        if prune is not None and so_far and prune(so_far):
+            pruned = True
+            return True
+        return stable_tail(so_far, load.stable_windows, load.stability_tolerance) or len(spans) >= load.max_windows
 
     before = scrape(endpoint.metrics_url) if ours else {}
     sampler = ProcessSampler(process_groups) if process_groups else None
@@ -120,6 +134,7 @@ def measure(
         "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
         "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
         "stable": stable,
+        "pruned": pruned,
         "windows": len(window_rates),
         "window_throughputs_rps": window_rates,
         "window_spread": spread(used_rates) if used_rates else None,

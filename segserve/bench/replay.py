@@ -32,7 +32,8 @@ def parse_budget(text: str) -> Budget:
 
 
 def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: list[str], seeds: int, log=print) -> dict:
-    """{strategy: {budget as given: {"median": x, "worst": y, "points": mean points used}}}."""
+    """{strategy: {budget as given: {"median": x, "worst": y, "points": mean points used, "registrations": mean
+    registrations (and restarts) the proposals would cause, in the order proposed}}}."""
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise UsageError(f"--strategy {unknown[0]!r}: one of {', '.join(STRATEGIES)}")
@@ -59,7 +60,7 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
     for name in strategies:
         for given in budgets:
             budget = parse_budget(given)
-            scores, used = [], []
+            scores, used, registrations, restarts = [], [], [], []
             for seed in range(seeds):
                 strategy = make_strategy(name, points, budget, members, seed, [objective], constraints)
                 told = []
@@ -71,10 +72,15 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
                 value = found[objective] if found else None
                 scores.append(0.0 if value is None else (value / grid_best[objective] if higher else grid_best[objective] / value))
                 used.append(len(told))
+                cost = planning.cost(suite, told)
+                registrations.append(cost.registrations)
+                restarts.append(cost.restarts)
             results.setdefault(name, {})[given] = {
                 "median": statistics.median(scores),
                 "worst": min(scores),
                 "points": statistics.mean(used),
+                "registrations": statistics.mean(registrations),
+                "restarts": statistics.mean(restarts),
             }
     return results
 
@@ -87,11 +93,12 @@ def render(results: dict) -> str:
             "points_used": r["points"],
             "best_found_over_grid_best_median": r["median"],
             "worst": r["worst"],
+            "registrations": r["registrations"],
         }
         for name, by_budget in results.items()
         for given, r in by_budget.items()
     ]
-    return render_table(rows, ["strategy", "budget", "points_used", "best_found_over_grid_best_median", "worst"])
+    return render_table(rows, ["strategy", "budget", "points_used", "best_found_over_grid_best_median", "worst", "registrations"])
 
 
 def main(result_dir: Path, catalog: Catalog, strategies: str, budgets: str, seeds: int, as_json: bool) -> int:

@@ -39,11 +39,19 @@ def _search_section(search: dict, analysis: Analysis) -> list[str]:
         "## Search",
         "",
         f"- Strategy **{search['strategy']}**, budget {search['budget']}: {search['measured']} point(s) measured of "
-        f"{search['candidates']} candidate(s).",
-        f"- It caused {search['restarts']} server start(s), {search['registrations']} registration(s) and {search['scales']} "
-        "live scale call(s).",
-        f"- Infeasible points (a constraint broken, or failed): {analysis.infeasible}.",
+        f"{search['candidates']} candidate(s); {search.get('pruned', 0)} stopped early as hopeless (pruned).",
     ]
+    if "restarts" in search:
+        lines.append(
+            f"- It caused {search['restarts']} server start(s), {search['registrations']} registration(s) and {search['scales']} "
+            "live scale call(s)."
+        )
+    if "by_process" in search:
+        processes = ", ".join(f"`{who}` {count}" for who, count in sorted(search["by_process"].items()))
+        lines.append(
+            f"- Collected from {len(search['by_process'])} bench process(es): {processes}; {search['duplicates']} point(s) measured twice."
+        )
+    lines.append(f"- Infeasible points (a constraint broken, or failed): {analysis.infeasible}.")
     lines += _table_section(
         "### Pareto front", analysis.pareto, "No other point that meets the constraints is as good on both objectives and better on one."
     )

@@ -40,6 +40,8 @@ class Runner:
                 records.append(record)
         finally:
             self.deployment.close()
+            if hasattr(self.strategy, "close"):
+                self.strategy.close()
         return records
 
     def measure_point(self, point: Point) -> dict:
@@ -54,7 +56,9 @@ class Runner:
             groups = process_groups(server, endpoint.models) if server else None
             # the bare forward in short slices before and after the point: the same spell of the shared machine
             slices += self.bare_slices(point, node)
-            metrics = measure(endpoint, self.suite.load, point.params, self.bodies_for(point.target), groups, self.deployment.fresh_workers)
+            prune = self.strategy.pruner_for(point) if hasattr(self.strategy, "pruner_for") else None
+            bodies = self.bodies_for(point.target)
+            metrics = measure(endpoint, self.suite.load, point.params, bodies, groups, self.deployment.fresh_workers, prune)
             slices += self.bare_slices(point, node)
         except Exception as failure:  # one failed point must not lose the others
             reconfigure_s = time.monotonic() - started
@@ -145,6 +149,8 @@ class Progress:
             outcome = f"FAILED {record['error']}"
         else:
             outcome = f"{record['throughput_rps']:.1f} req/s, p99 {record['latency_p99_ms'] or float('nan'):.0f} ms"
+            if record.get("pruned"):
+                outcome += f", pruned after {record['windows']} window(s) (hopeless)"
             if record.get("windows_discarded"):
                 outcome += f", {record['windows_discarded']} disturbed window(s) measured again"
             if record.get("disturbed"):

@@ -76,6 +76,7 @@ EXTRA_COLUMNS = [
     "client_cpu_ms_per_request",
     "client_saturated",
     "stable",
+    "pruned",
     "windows",
     "disturbed",
     "others_cpu_pct",

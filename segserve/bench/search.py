@@ -66,7 +66,11 @@ class Search:
             self.deadline = self.deadline or self.clock() + 60 * self.minutes
             if self.clock() >= self.deadline:
                 return True
-        return len(self.asked) >= self.size()
+        return self.used() >= self.size()
+
+    def used(self) -> int:
+        """Points proposed so far (a shared study: by every process)."""
+        return len(self.asked)
 
     def ask(self) -> Point | None:
         if self.spent():
@@ -202,7 +206,13 @@ def sorted_values(values: set) -> list:
 
 
 class OptunaSearch(Search):
+    """Optuna's sampler over the grid's lists, told through an Optuna study, which may live in a shared storage
+    (segserve/bench/study.py): then several bench processes ask the same study. Each point a trial proposes is
+    claimed in the study (user attribute "point") before it is measured; a point another process has claimed is
+    left to it, one it has measured is answered from its record, so no point is measured twice."""
+
     MAX_REPEATS = 50  # suggestions of already-measured points before a random unmeasured one is taken
+    PRUNE_AFTER_TRIALS = 5  # the pruner compares a point's windows with this many finished points at least
 
     def __init__(
         self,
@@ -219,40 +229,104 @@ class OptunaSearch(Search):
     ):
         import optuna
 
+        from segserve.bench.study import Heartbeat
+
         super().__init__(points, limit, minutes)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.objectives, self.constraints = list(objectives), dict(constraints or {})
         self.space = Space(self.points)
-        self.rng = random.Random(seed)
-        self.waiting: dict[str, list] = {}  # run id → trials that proposed it, told when it is measured
-        startup = max(3, min(10, (limit or 30) // 3))  # random trials before the model; a small budget needs a model early
-
-        if sampler == "gp":
-            made = optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
-        else:
-            with warnings.catch_warnings():  # group: "experimental" since 2.8, what conditional spaces need
-                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                made = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True, constant_liar=True)
+        self.waiting: dict[str, list] = {}  # run id → this process's trials that proposed it, told when it is measured
         directions = ["maximize" if METRICS[o].higher_is_better else "minimize" for o in self.objectives]
-        self.study = optuna.create_study(directions=directions, sampler=made, storage=storage, study_name=study_name, load_if_exists=True)
+        # hopeless points stop early: a point whose windows so far are below the median of the finished points' at the
+        # same window (single objective only: Optuna prunes no multi-objective study)
+        pruner = optuna.pruners.MedianPruner(n_startup_trials=self.PRUNE_AFTER_TRIALS, n_warmup_steps=1)
+        storage = storage or optuna.storages.InMemoryStorage()
+        self.study = optuna.create_study(directions=directions, storage=storage, study_name=study_name, load_if_exists=True, pruner=pruner)
+        # a second process on a shared study must not propose the first one's random points in the same order
+        self.sampler_name, self.seed = sampler, seed + len(self.study.get_trials(deepcopy=False))
+        self.reseed(0)
+        self.records: dict[str, dict] = {}  # run id → record, measured by any process of the study
+        self.claimed: set[str] = set()  # run ids other processes are measuring now
+        # Optuna's Trial has no public id; its storage needs one for heartbeats
+        self.heartbeat = Heartbeat(storage, lambda: [t._trial_id for ts in self.waiting.values() for t in ts])
         self.queue: list[Point] = []
         self.batch = batch  # points proposed at a time, measured in the grid's order: fewer restarts, less guidance
+        self.refresh()
+
+    def reseed(self, extra: int) -> None:
+        """Seed the sampler with seed + extra: processes sharing a study pass their pid, so that they do not walk
+        the same random points in step."""
+        self.rng = random.Random(self.seed + extra)
+        self.study.sampler = self.make_sampler(self.sampler_name, self.seed + extra, self.limit)
+
+    @staticmethod
+    def make_sampler(name: str, seed: int, limit: int | None):
+        import optuna
+
+        startup = max(3, min(10, (limit or 30) // 3))  # random trials before the model; a small budget needs a model early
+        if name == "gp":
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
+        with warnings.catch_warnings():  # group: "experimental" since 2.8, what conditional spaces need
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup, multivariate=True, group=True, constant_liar=True)
+
+    def refresh(self) -> None:
+        """What the study knows now: the points measured (by any process) and the ones claimed by others."""
+        from optuna.exceptions import ExperimentalWarning
+        from optuna.storages import fail_stale_trials
+        from optuna.trial import TrialState
+
+        if self.heartbeat.interval_s:  # a process that stopped beating: its trials fail and are asked again
+            with warnings.catch_warnings():  # "experimental" since 2.9
+                warnings.simplefilter("ignore", ExperimentalWarning)
+                fail_stale_trials(self.study)
+        mine = {t._trial_id for ts in self.waiting.values() for t in ts}
+        self.claimed = set()
+        for trial in self.study.get_trials(deepcopy=False):
+            record, point = trial.user_attrs.get("record"), trial.user_attrs.get("point")
+            if record is not None:  # keyed by the point the trial claimed (a record's own run id may differ: replay)
+                self.records.setdefault(point or record["run_id"], record)
+            elif trial.state == TrialState.RUNNING and point and trial._trial_id not in mine:
+                self.claimed.add(point)
+
+    def used(self) -> int:
+        return len({p.run_id for p in self.asked} | set(self.records) | self.claimed)
+
+    def abandon_running(self) -> None:
+        """Fail the trials an earlier process left running (a storage only this process uses: the result folder's
+        journal on --resume, which has no heartbeat), so that their points are proposed again."""
+        from optuna.trial import TrialState
+
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            self.study.tell(trial.number, state=TrialState.FAIL)
+        self.refresh()
 
     def propose(self) -> Point | None:
         if not self.queue:
             self.queue = self.next_batch()
         return self.queue.pop(0) if self.queue else None
 
+    def answer(self, run_id: str) -> dict | None:
+        return self.told.get(run_id) or self.records.get(run_id)
+
     def next_batch(self) -> list[Point]:
-        room = self.batch if self.limit is None else min(self.batch, self.limit - len(self.asked))
+        from optuna.trial import TrialState
+
+        self.refresh()
+        room = self.batch if self.limit is None else min(self.batch, self.limit - self.used())
         taken = {p.run_id for p in self.asked}
         fresh: dict[str, Point] = {}
         repeats = 0
         while len(fresh) < room and repeats < self.MAX_REPEATS:
-            trial = self.study.ask()
+            trial = self.ask_trial()
             point = self.space.suggest(trial)
-            if point.run_id in self.told:  # measured already: its answer, at no cost
-                self.finish(trial, self.told[point.run_id])
+            known = self.answer(point.run_id)
+            if known is not None:  # measured already: its answer, at no cost
+                self.finish(trial, known)
+                repeats += 1
+                continue
+            if point.run_id in self.claimed:  # another process measures it: its trial is told there
+                self.study.tell(trial, state=TrialState.FAIL)
                 repeats += 1
                 continue
             self.waiting.setdefault(point.run_id, []).append(trial)  # told when the point is measured
@@ -260,19 +334,63 @@ class OptunaSearch(Search):
                 repeats += 1
                 continue
             fresh[point.run_id] = point
-        if not fresh:  # the sampler keeps to measured points: take an unmeasured one, through the study
-            rest = self.unasked()
+        if not fresh and room > 0:  # the sampler keeps to measured points: take an unmeasured one, through the study
+            rest = [p for p in self.unasked() if p.run_id not in self.records and p.run_id not in self.claimed]
             if not rest:
                 return []
             point = self.rng.choice(rest)
             self.study.enqueue_trial(self.space.trial_params(point))
-            trial = self.study.ask()
+            trial = self.ask_trial()
             fresh[point.run_id] = self.space.suggest(trial)
             self.waiting.setdefault(point.run_id, []).append(trial)
-        return self.in_grid_order(list(fresh.values()))
+        return self.in_grid_order(self.claim(fresh))
+
+    def ask_trial(self):
+        with warnings.catch_warnings():  # heartbeats outside Study.optimize: this search records them itself (Heartbeat)
+            warnings.filterwarnings("ignore", message="Heartbeat of storage")
+            trial = self.study.ask()
+        self.heartbeat.now(trial._trial_id)
+        return trial
+
+    def claim(self, fresh: dict[str, Point]) -> list[Point]:
+        """Mark each proposed point as this process's in the study, then look again: where another process
+        claimed the same point meanwhile, both leave it (it is proposed again later), so none is measured twice."""
+        from optuna.trial import TrialState
+
+        for run_id in fresh:
+            for trial in self.waiting[run_id]:
+                trial.set_user_attr("point", run_id)
+        self.refresh()
+        kept = []
+        for run_id, point in fresh.items():
+            if run_id in self.claimed or run_id in self.records:
+                for trial in self.waiting.pop(run_id):
+                    self.study.tell(trial, state=TrialState.FAIL)
+            else:
+                kept.append(point)
+        return kept
+
+    def pruner_for(self, point: Point):
+        """check(window rates so far) → True when the point is hopeless (reported to its trial, judged by the pruner)."""
+        trials = self.waiting.get(point.run_id)
+        if len(self.objectives) > 1 or self.objectives[0] != "throughput_rps" or not trials:
+            return None
+        trial, reported = trials[0], []
+
+        def check(rates: list[float]) -> bool:
+            for step in range(len(reported), len(rates)):
+                trial.report(rates[step], step)
+                reported.append(rates[step])
+            return bool(trial.should_prune())
+
+        return check
 
     def learn(self, point: Point, record: dict) -> None:
-        for trial in self.waiting.pop(point.run_id, []):
+        from segserve.bench.study import record_for_storage
+
+        for index, trial in enumerate(self.waiting.pop(point.run_id, [])):
+            if index == 0:  # the trial that measured it keeps the record (collect writes the results from these)
+                trial.set_user_attr("record", record_for_storage(record))
             self.finish(trial, record)
 
     def finish(self, trial, record: dict) -> None:
@@ -284,7 +402,23 @@ class OptunaSearch(Search):
             return
         for name, value in constraint_violations(record, self.constraints).items():
             trial.set_constraint(name, value)  # the samplers keep to points where every value is ≤ 0
+        if record.get("pruned"):
+            self.study.tell(trial, state=TrialState.PRUNED)
+            return
         self.study.tell(trial, values if len(values) > 1 else values[0])
+
+    def close(self) -> None:
+        """Stop beating; trials of points proposed but not measured fail, and their points go back to the study
+        (another process, or this one resumed, asks them first)."""
+        from optuna.trial import TrialState
+
+        self.heartbeat.stop()
+        left = list(self.waiting.items())
+        self.waiting.clear()
+        for run_id, trials in left:
+            for trial in trials:
+                self.study.tell(trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(self.space.trial_params(self.points[self.order[run_id]]))
 
     def plan(self) -> list[Point]:
         return []  # known only as results come in

@@ -12,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from segserve.bench import plan as planning
+from segserve.bench import study
 from segserve.bench.analysis import Pipeline, analyse
 from segserve.bench.deploy import Deployment
 from segserve.bench.inputs import class_maps, request_bodies
@@ -131,6 +132,7 @@ def members_of(suite: Suite, catalog: Catalog) -> dict[str, dict[str, str]]:
 
 
 def strategy_for(suite: Suite, catalog: Catalog, points: list[planning.Point], storage=None):
+    """The suite's search strategy; `storage`: the Optuna storage an optuna search keeps its study in."""
     search = suite.search
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
     return make_strategy(
@@ -174,11 +176,30 @@ def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.
     return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
 
 
-def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Path, weights: Path, resume: Path | None, log=print) -> Path:
+def check_storage(suite: Suite, storage_url: str | None) -> None:
+    if storage_url is not None and suite.search.strategy != "optuna":
+        raise UsageError(f"--storage: only an optuna search keeps its trials in a study (this suite's search is {suite.search.strategy})")
+
+
+def run_suite(
+    suite_path: Path,
+    suite: Suite,
+    catalog: Catalog,
+    results_root: Path,
+    weights: Path,
+    resume: Path | None,
+    log=print,
+    storage_url: str | None = None,
+    port_base: int | None = None,
+    heartbeat_s: int = study.HEARTBEAT_S,
+) -> Path:
     """Measure what the strategy proposes (skipping points already measured the same way with --resume) and
-    hand every record to the sinks; return the result folder."""
+    hand every record to the sinks; return the result folder. An optuna search keeps its study in storage_url
+    (default: study.log in the result folder), which other bench processes may share."""
     if not weights.exists():
         raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
+    check_storage(suite, storage_url)
+    storage = study.open_storage(storage_url, None, heartbeat_s) if storage_url else None  # refused before anything starts
     if resume is not None:
         if not (resume / "runs").is_dir():
             raise UsageError(f"--resume {resume}: not a result folder (no runs/ inside)")
@@ -191,7 +212,17 @@ def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Pa
     setup = Setup(suite, catalog, weights)
     parts = {name: setup.parts(name) for name in suite.target_names}
     points = planning.expand(suite, catalog, {name: _digest(p) for name, p in parts.items()})
-    strategy = strategy_for(suite, catalog, points)
+    own_study = suite.search.strategy == "optuna" and storage is None
+    if own_study:
+        storage = study.open_storage(None, out_dir)
+    strategy = strategy_for(suite, catalog, points, storage)
+    if own_study:
+        strategy.abandon_running()  # what a killed run of this folder left running (--resume)
+    elif storage is not None:
+        strategy.reseed(os.getpid())  # a shared study: other processes ask it too
+    if hasattr(strategy, "study"):
+        study.save_suite(strategy.study, suite_path)
+        log(f"study {strategy.study.study_name!r} in {study.display_url(storage_url or str(out_dir / study.STUDY_FILE))}")
     done = read_runs(out_dir)
     kept = [done[p.run_id] for p in points if p.run_id in done and not done[p.run_id].get("error")]
     if done:
@@ -201,15 +232,91 @@ def run_suite(suite_path: Path, suite: Suite, catalog: Catalog, results_root: Pa
             log(f"note: kept points were measured with code {', '.join(older)}; this is {env_info['git_sha']} (start anew to measure it)")
     log(planning.describe(suite, points).splitlines()[-1])
     sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog), Terminal(log)]
-    deployment = Deployment(suite, catalog, weights, log)
+    deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
     runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)
-    records = runner.run(done, lambda point: {"environment": env_info, "setup": parts[point.target]})
+    measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
+    records = runner.run(done, lambda point: {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by})
     bare = bare_throughputs(records, weights, runner.weights_node, log)
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
     analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
     space, allowed = search_budget(suite, catalog, points)
-    search = {"strategy": suite.search.strategy, "budget": allowed, "candidates": space, "measured": len(records), **deployment.changes}
+    pruned = sum(1 for r in records if r.get("pruned"))
+    search = {
+        "strategy": suite.search.strategy,
+        "budget": allowed,
+        "candidates": space,
+        "measured": len(records),
+        "pruned": pruned,
+        **deployment.changes,
+    }
     finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, search)
     for sink in sinks:
         sink.finish(finished)
+    return out_dir
+
+
+def collect(name: str, storage_url: str | None, catalog: Catalog, results_root: Path, log=print) -> Path:
+    """`segserve bench collect STUDY`: one result folder (runs/, summary, report, best/) from every point the
+    study's processes measured. Without --storage, STUDY is a result folder (its study.log) or a journal file."""
+    import optuna
+
+    if storage_url is None:
+        path = Path(name)
+        journal = path / study.STUDY_FILE if path.is_dir() else path
+        if not journal.is_file():
+            raise UsageError(f"{name}: neither a result folder with a {study.STUDY_FILE} nor a study journal (or give --storage URL)")
+        storage = study.open_storage(str(journal), None)
+        names = optuna.get_all_study_names(storage)
+        if len(names) != 1:
+            raise UsageError(f"{journal}: holds {len(names)} studies ({', '.join(names)}): give --storage {journal} and the study's name")
+        name = names[0]
+    else:
+        storage = study.open_storage(storage_url, None)
+    try:
+        found = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        known = ", ".join(optuna.get_all_study_names(storage)) or "none"
+        raise UsageError(f"no study {name!r} in {study.display_url(storage_url or name)} (studies: {known})") from None
+    if "suite_yaml" not in found.user_attrs:
+        raise UsageError(f"study {name!r} was not written by segserve bench (it has no suite)")
+    records = study.study_records(found)
+    if not records:
+        raise UsageError(f"study {name!r} has no measured point yet")
+    out_dir = results_root / name / (datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-collected")
+    out_dir.mkdir(parents=True)
+    (out_dir / "suite.yaml").write_text(found.user_attrs["suite_yaml"])
+    from segserve.bench.suite import load_suite
+
+    suite = load_suite(out_dir / "suite.yaml", catalog)
+    points = planning.expand(suite, catalog)
+    by_process: dict[str, int] = {}
+    for record in records:
+        by_process[record.get("measured_by", "?")] = by_process.get(record.get("measured_by", "?"), 0) + 1
+    measured = [t.user_attrs["record"]["run_id"] for t in found.get_trials(deepcopy=False) if "record" in t.user_attrs]
+    duplicates = len(measured) - len(set(measured))
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    analysis = analyse(records, constraints, suite.objective, [], pipelines(catalog, suite.target_names), suite.objectives)
+    space, allowed = search_budget(suite, catalog, points)
+    search = {
+        "strategy": suite.search.strategy,
+        "budget": allowed,
+        "candidates": space,
+        "measured": len(records),
+        "pruned": sum(1 for r in records if r.get("pruned")),
+        "by_process": by_process,
+        "duplicates": duplicates,
+    }
+    sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog)]
+    for record in records:
+        for sink in sinks:
+            sink.add(record)
+    environment_info = records[0].get("environment", {})
+    finished = FinishedRun(out_dir, suite, records, planning.swept(points), [], analysis, environment_info, search)
+    for sink in sinks:
+        sink.finish(finished)
+    processes = ", ".join(f"{who}: {count}" for who, count in sorted(by_process.items()))
+    log(
+        f"collected {len(records)} point(s) of study {name!r} from {len(by_process)} process(es) ({processes}); {duplicates} measured twice"
+    )
+    log(f"results: {out_dir}")
     return out_dir
