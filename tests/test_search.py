@@ -81,16 +81,17 @@ def test_space_maps_suggestions_to_grid_points_and_back():
         assert mapping.suggest(study.ask()) == p
 
 
-def test_optuna_finds_the_best_within_a_tenth_of_the_space_and_never_measures_twice():
-    points = space()  # 120 points
+@pytest.mark.parametrize(("sampler", "median_at_least"), [("gp", 0.95), ("tpe", 0.9)])
+def test_optuna_finds_the_best_within_a_tenth_of_the_space_and_never_measures_twice(sampler, median_at_least):
+    points = space()  # 120 points, one smooth peak: GP's model fits it closely, TPE's less
     best = max(throughput(p) for p in points)
     found = []
     for seed in range(5):
-        asked = run(make_strategy("optuna", points, Budget(fraction=0.1), seed=seed))
+        asked = run(make_strategy("optuna", points, Budget(fraction=0.1), seed=seed, sampler=sampler))
         assert len(asked) == 12 and len(set(asked)) == 12
         found.append(max(throughput(p) for p in asked) / best)
     random_found = [max(throughput(p) for p in run(make_strategy("random", points, Budget(fraction=0.1), seed=s))) / best for s in range(5)]
-    assert sorted(found)[2] >= 0.95 and sum(found) > sum(random_found)
+    assert sorted(found)[2] >= median_at_least and sum(found) > sum(random_found)
 
 
 def test_optuna_steers_away_from_points_that_break_a_constraint():

@@ -62,7 +62,8 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
             budget = parse_budget(given)
             scores, used, registrations, restarts = [], [], [], []
             for seed in range(seeds):
-                strategy = make_strategy(name, points, budget, members, seed, [objective], constraints)
+                search = suite.search  # the recorded suite's sampler and batch, if it has a search section
+                strategy = make_strategy(name, points, budget, members, seed, [objective], constraints, search.sampler, batch=search.batch)
                 told = []
                 while (point := strategy.ask()) is not None:
                     record = rows[point.key]
