@@ -247,6 +247,9 @@ class TorchServe:
         if max_batch_delay_ms is not None:
             path += f"&max_batch_delay={max_batch_delay_ms}"
         self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}")
+        started = len(self.describe(name).get("workers", []))
+        if started != workers:  # TorchServe 0.12: the archive's minWorkers/maxWorkers win over initial_workers
+            self.scale(name, workers)
         log(f"registered model {name} ({archive}, {workers} worker(s))")
 
     def register_workflow(self, archive: str, name: str, log=print) -> None:

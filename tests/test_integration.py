@@ -172,3 +172,15 @@ def test_rescaling_a_workflow_node_under_load_loses_no_request(server):
     result = results["load"]
     assert len(result.status) > 20
     assert result.status_counts() == {"200": len(result.status)}
+
+
+def test_a_model_registered_with_two_workers_has_two(server):
+    """TorchServe 0.12 starts the archive's minWorkers (1 in our model-config) whatever initial_workers says;
+    register_model scales to the count asked (a bench point registered with 2 workers was measured with 1)."""
+    server.register_model("jpeg.mar", "jpeg_two", 2, log=lambda _: None)
+    try:
+        described = server.describe("jpeg_two")
+        assert len(described["workers"]) == 2
+        assert described["minWorkers"] == described["maxWorkers"] == 2
+    finally:
+        server.call("management", "DELETE", "/models/jpeg_two")

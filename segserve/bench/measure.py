@@ -101,7 +101,7 @@ def measure(
     all_spans, clean_spans = edges(result), clean(result)
     clean_rates = rates(result, clean_spans)
     stable = stable_tail(clean_rates, load.stable_windows, load.stability_tolerance)
-    disturbed = len(clean_spans) < load.stable_windows
+    disturbed = len(clean_spans) < load.stable_windows and not pruned  # a pruned point stopped early on purpose
     used = clean_spans[-load.stable_windows :] if stable else (all_spans if disturbed else clean_spans)
     measured = result.windows(used)
     ok_latencies = [lat for lat, ok in zip(measured.latency_ms, measured.ok, strict=True) if ok]
