@@ -245,6 +245,14 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_results(args) -> int:
+    from segserve.bench.query import query, render
+
+    rows, columns = query(args.results, args.where, args.sort, args.limit)
+    print(render(rows, columns, args.format, args.where, args.sort))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     from segserve.bench.study import HEARTBEAT_S
 
@@ -338,6 +346,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=20, help="replay: runs of each strategy and budget, seeds 0…N-1 (default 20)")
     p.add_argument("--json", action="store_true", help='replay: print {"<strategy>": {"<budget>": {"median": x, "worst": y}}}')
     p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("results", help="`results query RESULTS...`: one table of the rows of many result folders")
+    actions = p.add_subparsers(dest="action", required=True)
+    q = actions.add_parser("query", help="filter, sort and cut the rows of result folders (each row with its suite and timestamp)")
+    q.add_argument("results", nargs="+", metavar="RESULTS", help="result folders, or folders above them (results/)")
+    q.add_argument("--where", action="append", default=[], metavar="COND", help="COLUMN OP VALUE, OP: < <= > >= = != (repeatable)")
+    q.add_argument("--sort", metavar="COLUMN", help="sort by COLUMN, -COLUMN: descending")
+    q.add_argument("--limit", type=int, help="at most this many rows")
+    q.add_argument("--format", choices=["table", "csv", "json"], default="table", help="table (default), csv or json")
+    q.set_defaults(run=cmd_results)
     return root
 
 
@@ -345,8 +363,19 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # so `finally` blocks stop the TorchServe a command started
 
 
+def _joined_sort(argv: list[str]) -> list[str]:
+    """`--sort -throughput_rps` as `--sort=-throughput_rps`: argparse reads a value starting with '-' as an option."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1] == "--sort" and arg.startswith("-"):
+            out[-1] = f"--sort={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_args(_joined_sort(sys.argv[1:] if argv is None else argv))
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return args.run(args)

@@ -36,7 +36,7 @@ LAYERS = {
         f"segserve.bench.{name}": 2
         for name in (
             "__init__ load stats schema params suite inputs server_metrics disturbance plan search predict measure deploy runner "
-            "bare results"
+            "bare results study"
         ).split()
     },
     **{f"segserve.bench.{name}": 3 for name in "analysis render report plots compare sinks core_plan".split()},
@@ -45,6 +45,7 @@ LAYERS = {
             "segserve.bench.session",
             "segserve.bench.ab",
             "segserve.bench.replay",
+            "segserve.bench.query",
             "segserve.cli",
             "segserve.chaos",
             "segserve.fuzz",

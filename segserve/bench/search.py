@@ -250,6 +250,7 @@ class OptunaSearch(Search):
         # Optuna's Trial has no public id; its storage needs one for heartbeats
         self.heartbeat = Heartbeat(storage, lambda: [t._trial_id for ts in self.waiting.values() for t in ts])
         self.queue: list[Point] = []
+        self.backed_off = False  # the last batch lost a point to another process
         self.batch = batch  # points proposed at a time, measured in the grid's order: fewer restarts, less guidance
         self.refresh()
 
@@ -302,8 +303,13 @@ class OptunaSearch(Search):
         self.refresh()
 
     def propose(self) -> Point | None:
-        if not self.queue:
+        for _ in range(self.MAX_REPEATS):  # a batch left to another process (both claimed it): ask again
+            if self.queue or self.spent():
+                break
+            self.backed_off = False
             self.queue = self.next_batch()
+            if not self.queue and not self.backed_off:
+                break
         return self.queue.pop(0) if self.queue else None
 
     def answer(self, run_id: str) -> dict | None:
@@ -364,6 +370,7 @@ class OptunaSearch(Search):
         kept = []
         for run_id, point in fresh.items():
             if run_id in self.claimed or run_id in self.records:
+                self.backed_off = True
                 for trial in self.waiting.pop(run_id):
                     self.study.tell(trial, state=TrialState.FAIL)
             else:

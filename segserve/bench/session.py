@@ -230,7 +230,10 @@ def run_suite(
         older = sorted({r["environment"]["git_sha"] for r in kept} - {env_info["git_sha"]})
         if older:
             log(f"note: kept points were measured with code {', '.join(older)}; this is {env_info['git_sha']} (start anew to measure it)")
-    log(planning.describe(suite, points).splitlines()[-1])
+    if suite.search.budget is None and suite.search.strategy == "grid":
+        log(planning.describe(suite, points).splitlines()[-1])
+    else:  # the grid's totals would mislead: say what the search may measure
+        log(describe_search(suite, catalog, points))
     sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog), Terminal(log)]
     deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
     runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)

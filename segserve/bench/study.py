@@ -12,11 +12,13 @@ the study alone is enough to write the collected results.
 
 import json
 import threading
+import time
 import warnings
 from pathlib import Path
 
 from segserve.errors import UsageError
 
+OPEN_ATTEMPTS = 3  # a database storage is opened this many times before it counts as unreachable
 HEARTBEAT_S = 20  # a trial's process records it this often; one silent for 3 intervals is failed and retried
 STUDY_FILE = "study.log"
 
@@ -53,22 +55,29 @@ def open_storage(url: str | None, out_dir: Path | None, heartbeat_s: int = HEART
             raise UsageError(f"--storage {url}: the folder {path.parent} does not exist")
         return JournalStorage(JournalFileBackend(str(path)))
     connect = {"connect_timeout": 10} if url.startswith("postgresql") else {}
-    try:
-        with warnings.catch_warnings():  # heartbeats and their retry callback are "experimental" in Optuna 5
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(
-                url,
-                engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
-                heartbeat_interval=heartbeat_s,
-                grace_period=3 * heartbeat_s,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
-            )
-    except Exception as error:  # a driver's message can quote the URL: never print its password
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        password = _password(url)
-        if password:
-            reason = reason.replace(password, "***")
-        raise UsageError(f"--storage {display_url(url)}: cannot open the study storage ({reason})") from None
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():  # heartbeats and their retry callback are "experimental" in Optuna 5
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return RDBStorage(
+                    url,
+                    engine_kwargs={"connect_args": connect, "pool_pre_ping": True},
+                    heartbeat_interval=heartbeat_s,
+                    grace_period=3 * heartbeat_s,
+                    heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
+                )
+        except Exception as error:
+            # two processes starting on an empty database both create Optuna's tables and one loses with a unique
+            # violation: the tables exist now, so the next attempt opens them (a refused connection is final)
+            if attempt < OPEN_ATTEMPTS - 1 and "refused" not in str(error).lower():
+                time.sleep(1.0 + attempt)
+                continue
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            password = _password(url)
+            if password:  # a driver's message can quote the URL: never print its password
+                reason = reason.replace(password, "***")
+            raise UsageError(f"--storage {display_url(url)}: cannot open the study storage ({reason})") from None
+    raise AssertionError("unreachable")  # every attempt returns or raises
 
 
 def _password(url: str) -> str | None:
