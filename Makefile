@@ -4,9 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-numactl setup-postgres build run bench test lint fuzz chaos mix gpu-check clean
+.PHONY: setup setup-numactl setup-postgres setup-pushgateway build run bench test lint fuzz chaos mix gpu-check clean
 
-setup: $(STAMP)
+setup: $(STAMP) setup-pushgateway
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,13 @@ setup-postgres:
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) || \
 	echo "setup-postgres: could not install postgresql; the PostgreSQL tests will skip"
+
+# The Prometheus Pushgateway for the export tests (--export pushgateway://), Debian's package; where apt cannot
+# install it, those tests skip and say why.
+setup-pushgateway:
+	@command -v prometheus-pushgateway >/dev/null || \
+	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus-pushgateway) || \
+	echo "setup-pushgateway: could not install prometheus-pushgateway; the Pushgateway tests will skip"
 
 build: setup
 	$(BIN)/segserve build
@@ -44,7 +51,7 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint setup-postgres
+test: lint setup-postgres setup-pushgateway
 	$(BIN)/python -m pytest
 
 # Hostile inputs against every handler's input path, each in a child process, for 15 minutes (FUZZ_SECONDS; `make test`

@@ -231,6 +231,9 @@ def cmd_bench(args) -> int:
             print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
         return 0
     resume = Path(args.resume) if args.resume else None
+    from segserve.bench.export import checked
+
+    exports = checked(args.export, args.endpoint_url)  # credentials, bucket, namespace: now, not after measuring
     run_suite(
         suite_path,
         suite,
@@ -241,7 +244,18 @@ def cmd_bench(args) -> int:
         storage_url=args.storage,
         port_base=args.port_base,
         heartbeat_s=args.heartbeat_s,
+        exports=exports,
     )
+    return 0
+
+
+def cmd_export(args) -> int:
+    from segserve.bench.export import export
+
+    folder = Path(args.results)
+    if not (folder / "summary.jsonl").is_file():
+        raise UsageError(f"{folder}: not a result folder (no summary.jsonl)")
+    export(folder, args.dest, args.endpoint_url)
     return 0
 
 
@@ -329,6 +343,14 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port-base", type=int, help="TorchServe's HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: free ports)")
     p.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="DEST",
+        help="send the results to s3://bucket/prefix, cloudwatch://Namespace or pushgateway://host:port (repeatable)",
+    )
+    p.add_argument("--endpoint-url", help="--export: the S3 / CloudWatch endpoint (default: AWS's)")
+    p.add_argument(
         "--heartbeat-s",
         type=int,
         default=HEARTBEAT_S,
@@ -346,6 +368,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=20, help="replay: runs of each strategy and budget, seeds 0…N-1 (default 20)")
     p.add_argument("--json", action="store_true", help='replay: print {"<strategy>": {"<budget>": {"median": x, "worst": y}}}')
     p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("export", help="send a result folder to s3://, cloudwatch:// or pushgateway:// (again: finishes it)")
+    p.add_argument("results", metavar="RESULTS", help="a result folder written by `segserve bench`")
+    p.add_argument("dest", nargs="+", metavar="DEST", help="s3://bucket/prefix, cloudwatch://Namespace, pushgateway://host:port")
+    p.add_argument("--endpoint-url", help="the S3 / CloudWatch endpoint (default: AWS's)")
+    p.set_defaults(run=cmd_export)
 
     p = sub.add_parser("results", help="`results query RESULTS...`: one table of the rows of many result folders")
     actions = p.add_subparsers(dest="action", required=True)

@@ -46,6 +46,7 @@ LAYERS = {
             "segserve.bench.ab",
             "segserve.bench.replay",
             "segserve.bench.query",
+            "segserve.bench.export",
             "segserve.cli",
             "segserve.chaos",
             "segserve.fuzz",

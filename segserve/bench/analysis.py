@@ -187,33 +187,45 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
     return rows
 
 
+def node_times(record: dict) -> dict[str, dict]:
+    """Per node of a point (a workflow node, or the model itself), from the server's own metrics: TorchServe's
+    time from the job's creation to its response (`node_ms`, the queue is inside it), the queue wait, the
+    handler's decode + predict + encode per request, and the node's workers' CPU."""
+    stages = record.get("server_stages") or {}
+    processes = record.get("server_processes") or {}
+    times = {}
+    for node, model in (record.get("server_models") or {}).items():
+        stage = stages.get(node, {})
+        cpu = [v.get("cpu_pct") for k, v in processes.items() if k.split("/")[0] == node and v.get("cpu_pct") is not None]
+        times[node] = {
+            "node_ms": model.get("inference_ms") or 0.0,
+            "queue_ms": model.get("queue_ms") or 0.0,
+            "handler_ms_per_request": sum(stage.get(k) or 0.0 for k in ("decode_ms", "predict_ms", "encode_ms")) or None,
+            "cpu_pct": sum(cpu) if cpu else None,
+        }
+    return times
+
+
 def time_breakdown(winners: dict[str, dict | None], pipelines: dict[str, Pipeline]) -> list[dict]:
-    """Where a request's time goes at each pipeline's best point, from the server's own metrics: per node
-    (a workflow node, or the fused model) TorchServe's time from the job's creation to its response, the
-    queue wait within it, and the handler's decode/predict/encode per request; the rest of the client's mean
-    latency is the frontend's hops (HTTP, the workflow's per-request thread pool, bytes between nodes)."""
+    """Where a request's time goes at each pipeline's best point (node_times per node); the rest of the
+    client's mean latency is the frontend's hops (HTTP, the workflow's per-request thread pool, bytes between
+    nodes)."""
     rows = []
     for name in pipelines:
         winner = winners.get(name)
         if winner is None or not winner.get("server_models"):
             continue
-        stages = winner.get("server_stages") or {}
-        processes = winner.get("server_processes") or {}
         accounted = 0.0
-        for node, times in winner["server_models"].items():
-            stage = stages.get(node, {})
-            # TorchServe's inference latency runs from the job's creation to its response: the queue is inside it
-            queue_ms, inference_ms = times.get("queue_ms") or 0.0, times.get("inference_ms") or 0.0
-            accounted += inference_ms
-            cpu = [v.get("cpu_pct") for k, v in processes.items() if k.split("/")[0] == node]
+        for node, times in node_times(winner).items():
+            accounted += times["node_ms"]
             rows.append(
                 {
                     "pipeline": name,
                     "part": node,
-                    "node_ms": inference_ms,
-                    "of_which_queue_ms": queue_ms,
-                    "handler_ms_per_request": sum(stage.get(k) or 0.0 for k in ("decode_ms", "predict_ms", "encode_ms")) or None,
-                    "cpu_pct": sum(c for c in cpu if c is not None) if cpu else None,
+                    "node_ms": times["node_ms"],
+                    "of_which_queue_ms": times["queue_ms"],
+                    "handler_ms_per_request": times["handler_ms_per_request"],
+                    "cpu_pct": times["cpu_pct"],
                 }
             )
         latency = winner.get("latency_mean_ms")
@@ -224,7 +236,7 @@ def time_breakdown(winners: dict[str, dict | None], pipelines: dict[str, Pipelin
                 "node_ms": None if latency is None else latency - accounted,
                 "of_which_queue_ms": None,
                 "handler_ms_per_request": None,
-                "cpu_pct": (processes.get("frontend") or {}).get("cpu_pct"),
+                "cpu_pct": ((winner.get("server_processes") or {}).get("frontend") or {}).get("cpu_pct"),
             }
         )
     return rows

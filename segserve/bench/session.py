@@ -19,7 +19,7 @@ from segserve.bench.inputs import class_maps, request_bodies
 from segserve.bench.results import read_runs
 from segserve.bench.runner import Runner, bare_throughputs
 from segserve.bench.search import budget_points, candidates, make_strategy
-from segserve.bench.sinks import Best, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
+from segserve.bench.sinks import Best, Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.suite import Suite
 from segserve.catalog import Catalog
 from segserve.errors import UsageError
@@ -192,6 +192,7 @@ def run_suite(
     storage_url: str | None = None,
     port_base: int | None = None,
     heartbeat_s: int = study.HEARTBEAT_S,
+    exports: list | None = None,
 ) -> Path:
     """Measure what the strategy proposes (skipping points already measured the same way with --resume) and
     hand every record to the sinks; return the result folder. An optuna search keeps its study in storage_url
@@ -235,6 +236,8 @@ def run_suite(
     else:  # the grid's totals would mislead: say what the search may measure
         log(describe_search(suite, catalog, points))
     sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog), Terminal(log)]
+    if exports:
+        sinks.append(Export(exports, log))  # last: it sends the files the others wrote
     deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
     runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)

@@ -3,6 +3,7 @@ the finished run once (`finish`). A new output (an exporter) is a new class here
 """
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,3 +131,21 @@ class Terminal(Sink):
     def finish(self, run: FinishedRun) -> None:
         self.log(terminal_summary(run.records, run.swept, run.analysis))
         self.log(f"results: {run.out_dir}  (report: {run.out_dir / 'report.md'})")
+
+
+class Export(Sink):
+    """The finished result folder to each --export destination (checked before the suite started). A failure
+    leaves the local results complete and says which command finishes the export."""
+
+    def __init__(self, targets: list, log=print):
+        self.targets, self.log = targets, log
+
+    def finish(self, run: FinishedRun) -> None:
+        for target in self.targets:
+            started = time.monotonic()
+            try:
+                self.log(f"export {target.dest}: {target.export(run.out_dir)} ({time.monotonic() - started:.1f} s)")
+            except Exception as error:  # the local results are written: say how to finish, do not lose them
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                self.log(f"export {target.dest} failed ({reason}); the results are complete in {run.out_dir}; finish with:")
+                self.log(f"  segserve export {run.out_dir} {target.dest}")
