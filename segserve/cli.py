@@ -262,7 +262,7 @@ def cmd_export(args) -> int:
 def cmd_results(args) -> int:
     from segserve.bench.query import query, render
 
-    rows, columns = query(args.results, args.where, args.sort, args.limit)
+    rows, columns = query(args.results, args.where, args.sort, args.limit, args.endpoint_url)
     print(render(rows, columns, args.format, args.where, args.sort))
     return 0
 
@@ -383,6 +383,7 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--sort", metavar="COLUMN", help="sort by COLUMN, -COLUMN: descending")
     q.add_argument("--limit", type=int, help="at most this many rows")
     q.add_argument("--format", choices=["table", "csv", "json"], default="table", help="table (default), csv or json")
+    q.add_argument("--endpoint-url", help="s3:// RESULTS: the S3 endpoint (default: AWS's)")
     q.set_defaults(run=cmd_results)
     return root
 

@@ -120,23 +120,23 @@ def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
 def test_s3_gets_the_whole_folder_once_and_a_rerun_finishes_an_interrupted_upload(aws, folder, capsys):
     s3 = boto3.client("s3", endpoint_url=aws)
     s3.create_bucket(Bucket="results-a")
-    dest = "s3://results-a/team/quick"
+    dest = "s3://results-a/team"
     assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
     assert "6 object(s) sent, 0 already there" in capsys.readouterr().out
-    local = {f"team/quick/{p.relative_to(folder).as_posix()}": p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-    assert objects(s3, "results-a", "team/quick") == local
-    head = s3.head_object(Bucket="results-a", Key="team/quick/report.md")
+    local = {f"team/quick/20261201T000000Z/{p.relative_to(folder).as_posix()}": p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert objects(s3, "results-a", "team/") == local
+    head = s3.head_object(Bucket="results-a", Key="team/quick/20261201T000000Z/report.md")
     assert head["ContentType"] == "text/markdown"
-    assert s3.head_object(Bucket="results-a", Key="team/quick/summary.jsonl")["ContentType"] == "application/x-ndjson"
+    assert s3.head_object(Bucket="results-a", Key="team/quick/20261201T000000Z/summary.jsonl")["ContentType"] == "application/x-ndjson"
 
     # an upload killed after some objects: the rest is sent by running the command again, nothing twice
-    s3.delete_object(Bucket="results-a", Key="team/quick/report.md")
-    s3.delete_object(Bucket="results-a", Key="team/quick/runs/seg_jpeg-bbbb.json")
+    s3.delete_object(Bucket="results-a", Key="team/quick/20261201T000000Z/report.md")
+    s3.delete_object(Bucket="results-a", Key="team/quick/20261201T000000Z/runs/seg_jpeg-bbbb.json")
     (folder / "summary.csv").write_text("changed\n")
-    local["team/quick/summary.csv"] = b"changed\n"
+    local["team/quick/20261201T000000Z/summary.csv"] = b"changed\n"
     assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
     assert "3 object(s) sent, 3 already there" in capsys.readouterr().out
-    assert objects(s3, "results-a", "team/quick") == local
+    assert objects(s3, "results-a", "team/") == local
 
 
 def test_cloudwatch_gets_every_point_and_node_metric(aws, folder, capsys):
@@ -223,3 +223,22 @@ def test_a_suite_with_a_bad_export_fails_before_measuring(aws, tmp_path, capsys)
     assert main([*args, "--export", "s3://missing-bucket/p"]) == 2
     assert "error: --export s3://missing-bucket/p: 404" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_query_reads_runs_exported_to_s3(aws, folder, tmp_path, capsys):
+    """Two runs exported under one prefix are one table, with their suite and timestamp from the keys."""
+    boto3.client("s3", endpoint_url=aws).create_bucket(Bucket="results-q")
+    other = tmp_path / "results" / "grid" / "20261202T000000Z"
+    shutil.copytree(folder, other)
+    for run in (folder, other):
+        assert main(["export", str(run), "s3://results-q/shared", "--endpoint-url", aws]) == 0
+    capsys.readouterr()
+    args = ["results", "query", "s3://results-q/shared", "--endpoint-url", aws, "--where", "throughput_rps>70", "--format", "json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted((r["suite"], r["timestamp"], r["run_id"]) for r in rows) == [
+        ("grid", "20261202T000000Z", "seg_jpeg-bbbb"),
+        ("quick", "20261201T000000Z", "seg_jpeg-bbbb"),
+    ]
+    assert main(["results", "query", "s3://results-q/nothing-here", "--endpoint-url", aws]) == 2
+    assert "no exported run" in capsys.readouterr().err

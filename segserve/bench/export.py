@@ -1,6 +1,7 @@
 """Results where teams look (`segserve bench SUITE --export DEST`, `segserve export RESULTS DEST`):
 
-- `s3://bucket/prefix`: the whole result folder, each file with its content type; idempotent (an object whose
+- `s3://bucket/prefix`: the whole result folder under prefix/<suite>/<timestamp>/ (so that many runs share a
+  prefix and `segserve results query s3://bucket/prefix` finds them), each file with its content type; idempotent (an object whose
   MD5 — its ETag, for a single-part upload — matches the local file is not sent again), so an interrupted
   upload is finished by running the command again;
 - `cloudwatch://Namespace`: each point's metrics as CloudWatch metric data, dimensions suite, target, run id
@@ -91,8 +92,10 @@ class S3:
     def check(self) -> None:
         _call(self.dest, lambda: self.client.head_bucket(Bucket=self.bucket))
 
-    def key(self, relative: str) -> str:
-        return f"{self.prefix}/{relative}" if self.prefix else relative
+    def key(self, folder: Path, relative: str) -> str:
+        """<prefix>/<suite>/<timestamp>/<relative>, as the folder is results/<suite>/<timestamp>/."""
+        run = f"{folder.parent.name}/{folder.name}/{relative}"
+        return f"{self.prefix}/{run}" if self.prefix else run
 
     def remote_etags(self) -> dict[str, str]:
         etags = {}
@@ -107,7 +110,7 @@ class S3:
         remote = _call(self.dest, self.remote_etags)
         sent = kept = 0
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            key = self.key(path.relative_to(folder).as_posix())
+            key = self.key(folder, path.relative_to(folder).as_posix())
             body = path.read_bytes()
             if remote.get(key) == hashlib.md5(body).hexdigest():  # noqa: S324 (S3's ETag of a single-part upload)
                 kept += 1
@@ -226,3 +229,28 @@ def export(folder: Path, dests: list[str], endpoint_url: str | None = None, log=
     for target in checked(dests, endpoint_url):
         started = time.monotonic()
         log(f"export {target.dest}: {target.export(folder)} ({time.monotonic() - started:.1f} s)")
+
+
+def download_summaries(url: str, into: Path, endpoint_url: str | None = None) -> list[Path]:
+    """The summary.jsonl of every run under an s3:// prefix (as exported: <prefix>/<suite>/<timestamp>/), each
+    in into/<suite>/<timestamp>/, so that a query reads them as result folders."""
+    s3 = S3(url, endpoint_url)
+    s3.check()
+    folders = []
+
+    def keys() -> list[str]:
+        pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=s3.prefix)
+        return [item["Key"] for page in pages for item in page.get("Contents", []) if item["Key"].endswith("/summary.jsonl")]
+
+    for key in _call(url, keys):
+        parts = key.split("/")
+        if len(parts) < 3:
+            continue
+        folder = into / parts[-3] / parts[-2]
+        folder.mkdir(parents=True, exist_ok=True)
+        body = _call(url, lambda key=key: s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+        (folder / "summary.jsonl").write_bytes(body)
+        folders.append(folder)
+    if not folders:
+        raise UsageError(f"{url}: no exported run (…/<suite>/<timestamp>/summary.jsonl) under this prefix")
+    return folders

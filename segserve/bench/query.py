@@ -7,6 +7,7 @@ import io
 import json
 import operator
 import re
+import tempfile
 from pathlib import Path
 
 from segserve.bench.render import render_table
@@ -20,14 +21,18 @@ CONDITION = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(<=|>=|!=|<|>|=)\s*(.*?)\s*$")
 RUN_KEYS = ("suite", "timestamp")  # what each row gets from the folder it came from
 
 
-def result_folders(paths: list[str]) -> list[Path]:
-    """Result folders from the arguments: a folder with summary.jsonl, or any folder above such folders
-    (results/, results/<suite>/), searched below."""
+def result_folders(paths: list[str], downloads: Path | None = None, endpoint_url: str | None = None) -> list[Path]:
+    """Result folders from the arguments: a folder with summary.jsonl, any folder above such folders (results/,
+    results/<suite>/), searched below, or an s3:// prefix that `--export` wrote to (its summaries are
+    downloaded into `downloads`)."""
     found = []
     for text in paths:
         path = Path(text)
         if text.startswith("s3://"):
-            raise UsageError(f"{text}: s3:// prefixes are not read yet (#14 in progress): download the folder first")
+            from segserve.bench.export import download_summaries
+
+            found += download_summaries(text, downloads / str(len(found)), endpoint_url)
+            continue
         if (path / "summary.jsonl").is_file():
             found.append(path)
         elif path.is_dir():
@@ -78,9 +83,12 @@ def parse_condition(text: str, columns: list[str]):
     return test
 
 
-def query(paths: list[str], where: list[str], sort: str | None, limit: int | None) -> tuple[list[dict], list[str]]:
+def query(
+    paths: list[str], where: list[str], sort: str | None, limit: int | None, endpoint_url: str | None = None
+) -> tuple[list[dict], list[str]]:
     """(the matching rows, their columns: suite and timestamp first, then every column in first-seen order)."""
-    rows = rows_of(result_folders(paths))
+    with tempfile.TemporaryDirectory(prefix="segserve-query-") as downloads:
+        rows = rows_of(result_folders(paths, Path(downloads), endpoint_url))
     columns = list(dict.fromkeys(key for row in rows for key in row))
     tests = [parse_condition(text, columns) for text in where]
     chosen = [row for row in rows if all(test(row) for test in tests)]
