@@ -78,6 +78,12 @@ def cmd_train(args) -> int:
 def cmd_build(args) -> int:
     from segserve.build import build
 
+    if args.model_store.startswith("s3://"):
+        raise UsageError("build --model-store is a local folder; send it to S3 with --upload s3://bucket/prefix")
+    if args.upload:  # checked before building, not after
+        from segserve.s3 import S3Prefix
+
+        S3Prefix(args.upload, args.endpoint_url, "--upload").check()
     build(
         Path.cwd(),
         Path(args.model_store),
@@ -85,6 +91,10 @@ def cmd_build(args) -> int:
         backbone=args.backbone,
         num_classes=args.num_classes,
     )
+    if args.upload:
+        from segserve.archive_store import upload
+
+        upload(Path(args.model_store), args.upload, args.endpoint_url)
     return 0
 
 
@@ -95,6 +105,10 @@ def cmd_serve(args) -> int:
         print(f"TorchServe stopped from {server.run_dir}: {stopped}" if stopped else f"no TorchServe running from {server.run_dir}")
         return 0
     targets = served_targets(args.targets)
+    if args.model_store.startswith("s3://"):  # archives from S3 into the run dir's model store, then as usual
+        from segserve.archive_store import fetch
+
+        server.model_store = fetch(args.model_store, Path(args.run_dir).resolve() / "model_store", args.endpoint_url)
     start_pipeline(server, targets)
     endpoints = ", ".join(t.endpoint for t in targets)
     print(f"serving {endpoints} at {server.url('inference')}; stop with `segserve serve --stop`")
@@ -272,7 +286,9 @@ def parser() -> argparse.ArgumentParser:
 
     root = argparse.ArgumentParser(prog="segserve", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--model-store", default="model_store", help="archive folder (default: model_store)")
+    common.add_argument(
+        "--model-store", default="model_store", help="archive folder (default: model_store); serve: also s3://bucket/prefix"
+    )
     common.add_argument("--config", default="config.properties", help="TorchServe config (default: config.properties)")
     common.add_argument("--run-dir", default=str(DEFAULT_RUN_DIR), help="server state: key file, logs, pid (default: .segserve)")
     sub = root.add_subparsers(dest="command", required=True)
@@ -289,6 +305,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="your TorchScript file or state_dict (default: weights/seg.pt, trained if missing)")
     p.add_argument("--backbone", choices=["mobilenet_v3_small", "mobilenet_v3_large"], help="architecture of a state_dict")
     p.add_argument("--num-classes", type=int, help="classes of your model (default 2)")
+    p.add_argument("--upload", metavar="s3://BUCKET/PREFIX", help="then send the archives there (only those S3 does not have)")
+    p.add_argument("--endpoint-url", help="--upload: the S3 endpoint (default: AWS's)")
     p.set_defaults(run=cmd_build)
 
     p = sub.add_parser("serve", parents=[common], help="start TorchServe and register catalog targets (default: seg_jpeg's family)")
@@ -296,6 +314,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
     p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (see README)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
+    p.add_argument("--endpoint-url", help="--model-store s3://…: the S3 endpoint (default: AWS's)")
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("predict", parents=[common], help="send images through the pipeline, save the JPEGs")

@@ -13,13 +13,11 @@ Every destination also gets the per-node time breakdown (node time, queue, handl
 A destination is checked (credentials, bucket, namespace, reachability) before a suite measures anything.
 """
 
-import hashlib
 import math
 import mimetypes
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from segserve.bench.analysis import node_times
 from segserve.bench.results import IDENTITY_KEYS, read_runs
@@ -80,47 +78,27 @@ def _swept(folder: Path, fixed: set[str]) -> set[str]:
 
 class S3:
     def __init__(self, dest: str, endpoint_url: str | None):
-        import boto3
-        from botocore.config import Config
+        from segserve.s3 import S3Prefix
 
-        parts = urlsplit(dest)
-        self.dest, self.bucket, self.prefix = dest, parts.netloc, parts.path.strip("/")
-        if not self.bucket:
-            raise UsageError(f"--export {dest}: give s3://bucket/prefix")
-        self.client = boto3.client("s3", endpoint_url=endpoint_url, config=Config(retries={"mode": "standard"}))
+        self.dest = dest
+        self.store = S3Prefix(dest, endpoint_url)
+        self.client, self.bucket, self.prefix = self.store.client, self.store.bucket, self.store.prefix
 
     def check(self) -> None:
-        _call(self.dest, lambda: self.client.head_bucket(Bucket=self.bucket))
-
-    def key(self, folder: Path, relative: str) -> str:
-        """<prefix>/<suite>/<timestamp>/<relative>, as the folder is results/<suite>/<timestamp>/."""
-        run = f"{folder.parent.name}/{folder.name}/{relative}"
-        return f"{self.prefix}/{run}" if self.prefix else run
-
-    def remote_etags(self) -> dict[str, str]:
-        etags = {}
-        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
-        for page in pages:
-            for item in page.get("Contents", []):
-                etags[item["Key"]] = item["ETag"].strip('"')
-        return etags
+        self.store.check()
 
     def export(self, folder: Path) -> str:
-        """Send what is missing or changed; returns what it did, in words."""
-        remote = _call(self.dest, self.remote_etags)
+        """Send what is missing or changed, under <prefix>/<suite>/<timestamp>/ (the folder is
+        results/<suite>/<timestamp>/); returns what it did, in words."""
+        remote = self.store.etags()
         sent = kept = 0
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            key = self.key(folder, path.relative_to(folder).as_posix())
-            body = path.read_bytes()
-            if remote.get(key) == hashlib.md5(body).hexdigest():  # noqa: S324 (S3's ETag of a single-part upload)
-                kept += 1
-                continue
+            key = self.store.key(f"{folder.parent.name}/{folder.name}/{path.relative_to(folder).as_posix()}")
             content_type = mimetypes.guess_type(path.name)[0] or _CONTENT_TYPES.get(path.suffix, "application/octet-stream")
-            _call(
-                self.dest,
-                lambda key=key, body=body, ct=content_type: self.client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=ct),
-            )
-            sent += 1
+            if self.store.put_if_changed(key, path.read_bytes(), content_type, remote):
+                sent += 1
+            else:
+                kept += 1
         return f"{sent} object(s) sent, {kept} already there"
 
 
@@ -234,22 +212,18 @@ def export(folder: Path, dests: list[str], endpoint_url: str | None = None, log=
 def download_summaries(url: str, into: Path, endpoint_url: str | None = None) -> list[Path]:
     """The summary.jsonl of every run under an s3:// prefix (as exported: <prefix>/<suite>/<timestamp>/), each
     in into/<suite>/<timestamp>/, so that a query reads them as result folders."""
-    s3 = S3(url, endpoint_url)
-    s3.check()
+    from segserve.s3 import S3Prefix
+
+    store = S3Prefix(url, endpoint_url, "results query")
+    store.check()
     folders = []
-
-    def keys() -> list[str]:
-        pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=s3.prefix)
-        return [item["Key"] for page in pages for item in page.get("Contents", []) if item["Key"].endswith("/summary.jsonl")]
-
-    for key in _call(url, keys):
+    for key, etag in store.etags().items():
         parts = key.split("/")
-        if len(parts) < 3:
+        if not key.endswith("/summary.jsonl") or len(parts) < 3:
             continue
         folder = into / parts[-3] / parts[-2]
         folder.mkdir(parents=True, exist_ok=True)
-        body = _call(url, lambda key=key: s3.client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
-        (folder / "summary.jsonl").write_bytes(body)
+        store.get_verified(key, etag, folder / "summary.jsonl")
         folders.append(folder)
     if not folders:
         raise UsageError(f"{url}: no exported run (…/<suite>/<timestamp>/summary.jsonl) under this prefix")
