@@ -68,7 +68,11 @@ def pushgateway(tmp_path_factory):
     if binary is None:
         pytest.skip("prometheus-pushgateway is not installed and `make setup-pushgateway` could not install it (apt)")
     port = free_port()
-    process = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Debian's build persists to /var/lib/prometheus/pushgateway.data by default, shared with every other one:
+    # a file of our own, so the test sees only what it pushed
+    state = tmp_path_factory.mktemp("pushgateway") / "state.data"
+    command = [binary, f"--web.listen-address=127.0.0.1:{port}", f"--persistence.file={state}"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(f"http://127.0.0.1:{port}/-/ready", process)
         yield f"127.0.0.1:{port}"
@@ -122,9 +126,14 @@ def test_s3_gets_the_whole_folder_once_and_a_rerun_finishes_an_interrupted_uploa
     s3.create_bucket(Bucket="results-a")
     dest = "s3://results-a/team"
     assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
-    assert "6 object(s) sent, 0 already there" in capsys.readouterr().out
+    assert "7 object(s) sent, 0 already there" in capsys.readouterr().out
     local = {f"team/quick/20261201T000000Z/{p.relative_to(folder).as_posix()}": p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-    assert objects(s3, "results-a", "team/") == local
+    sent = objects(s3, "results-a", "team/")
+    exported = [json.loads(line) for line in sent.pop("team/quick/20261201T000000Z/metrics.jsonl").decode().splitlines()]
+    assert sent == local
+    assert len(exported) == len(samples(folder))
+    node = next(x for x in exported if x["metric"] == "node_queue_ms" and x["node"] == "seg_jpeg__seg" and x["run_id"] == "seg_jpeg-aaaa")
+    assert node["value"] == 5.0 and node["unit"] == "Milliseconds" and node["suite"] == "quick"
     head = s3.head_object(Bucket="results-a", Key="team/quick/20261201T000000Z/report.md")
     assert head["ContentType"] == "text/markdown"
     assert s3.head_object(Bucket="results-a", Key="team/quick/20261201T000000Z/summary.jsonl")["ContentType"] == "application/x-ndjson"
@@ -135,8 +144,10 @@ def test_s3_gets_the_whole_folder_once_and_a_rerun_finishes_an_interrupted_uploa
     (folder / "summary.csv").write_text("changed\n")
     local["team/quick/20261201T000000Z/summary.csv"] = b"changed\n"
     assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
-    assert "3 object(s) sent, 3 already there" in capsys.readouterr().out
-    assert objects(s3, "results-a", "team/") == local
+    assert "3 object(s) sent, 4 already there" in capsys.readouterr().out
+    sent = objects(s3, "results-a", "team/")
+    sent.pop("team/quick/20261201T000000Z/metrics.jsonl")
+    assert sent == local
 
 
 def test_cloudwatch_gets_every_point_and_node_metric(aws, folder, capsys):

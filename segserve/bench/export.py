@@ -13,6 +13,7 @@ Every destination also gets the per-node time breakdown (node time, queue, handl
 A destination is checked (credentials, bucket, namespace, reachability) before a suite measures anything.
 """
 
+import json
 import math
 import mimetypes
 import time
@@ -26,6 +27,7 @@ from segserve.errors import RuntimeFailure, UsageError
 
 CLOUDWATCH_BATCH = 500  # metric data per PutMetricData call (the API takes 1000 and 1 MB)
 CLOUDWATCH_UNITS = {"ms": "Milliseconds", "s": "Seconds", "req/s": "Count/Second", "bytes": "Bytes", "MB": "Megabytes"}
+METRICS_OBJECT = "metrics.jsonl"  # S3: every exported sample, one JSON object per line
 PARAM_COLUMNS = ("workers", "batch_size", "max_batch_delay_ms", "concurrency", "request_rate_rps")  # in BASE_COLUMNS
 NODE_METRICS = ("node_ms", "queue_ms", "handler_ms_per_request", "cpu_pct")
 NODE_UNITS = {"node_ms": "Milliseconds", "queue_ms": "Milliseconds", "handler_ms_per_request": "Milliseconds", "cpu_pct": "Percent"}
@@ -99,6 +101,13 @@ class S3:
                 sent += 1
             else:
                 kept += 1
+        # the same metric samples the other destinations get (points and per-node times), as data
+        lines = "".join(json.dumps({"metric": x.metric, "value": x.value, "unit": x.unit, **x.labels}) + "\n" for x in samples(folder))
+        key = self.store.key(f"{folder.parent.name}/{folder.name}/{METRICS_OBJECT}")
+        if self.store.put_if_changed(key, lines.encode(), "application/x-ndjson", remote):
+            sent += 1
+        else:
+            kept += 1
         return f"{sent} object(s) sent, {kept} already there"
 
 
