@@ -253,3 +253,22 @@ def test_query_reads_runs_exported_to_s3(aws, folder, tmp_path, capsys):
     ]
     assert main(["results", "query", "s3://results-q/nothing-here", "--endpoint-url", aws]) == 2
     assert "no exported run" in capsys.readouterr().err
+
+
+def test_a_destination_failing_after_the_suite_keeps_the_results_and_says_how_to_finish(tmp_path):
+    import types
+
+    from segserve.bench.sinks import Export
+
+    class Broken:
+        dest = "s3://bucket/prefix"
+
+        def export(self, folder):
+            raise RuntimeError("connection reset")
+
+    said: list[str] = []
+    Export([Broken()], said.append).finish(types.SimpleNamespace(out_dir=tmp_path))
+    assert said == [
+        f"export s3://bucket/prefix failed (connection reset); the results are complete in {tmp_path}; finish with:",
+        f"  segserve export {tmp_path} s3://bucket/prefix",
+    ]
