@@ -10,6 +10,20 @@ from urllib.parse import urlsplit
 from segserve.errors import UsageError
 
 
+def aws_call(naming: str, action):
+    """An AWS call whose failure is one `error:` line starting with `naming` (no credentials, no bucket, a
+    wrong endpoint, a refused namespace)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return action()
+    except ClientError as error:
+        info = error.response.get("Error", {})
+        raise UsageError(f"{naming}: {info.get('Code', '?')}: {info.get('Message') or 'refused'}") from None
+    except BotoCoreError as error:
+        raise UsageError(f"{naming}: {error}") from None
+
+
 def md5_hex(body: bytes) -> str:
     return hashlib.md5(body).hexdigest()  # noqa: S324 (S3's ETag of a single-part upload, not security)
 
@@ -26,16 +40,7 @@ class S3Prefix:
         self.client = boto3.client("s3", endpoint_url=endpoint_url, config=Config(retries={"mode": "standard"}))
 
     def call(self, action):
-        """An S3 call whose failure is one line naming the prefix (no credentials, no bucket, a wrong endpoint)."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return action()
-        except ClientError as error:
-            info = error.response.get("Error", {})
-            raise UsageError(f"{self.what} {self.url}: {info.get('Code', '?')}: {info.get('Message') or 'refused'}") from None
-        except BotoCoreError as error:
-            raise UsageError(f"{self.what} {self.url}: {error}") from None
+        return aws_call(f"{self.what} {self.url}", action)
 
     def check(self) -> None:
         self.call(lambda: self.client.head_bucket(Bucket=self.bucket))

@@ -24,6 +24,7 @@ from segserve.bench.analysis import node_times
 from segserve.bench.results import IDENTITY_KEYS, read_runs
 from segserve.bench.schema import BASE_COLUMNS, EXTRA_COLUMNS, METRICS
 from segserve.errors import RuntimeFailure, UsageError
+from segserve.s3 import aws_call
 
 CLOUDWATCH_BATCH = 500  # metric data per PutMetricData call (the API takes 1000 and 1 MB)
 CLOUDWATCH_UNITS = {"ms": "Milliseconds", "s": "Seconds", "req/s": "Count/Second", "bytes": "Bytes", "MB": "Megabytes"}
@@ -126,7 +127,7 @@ class CloudWatch:
         self.client = boto3.client("cloudwatch", endpoint_url=endpoint_url, config=Config(retries={"mode": "adaptive", "max_attempts": 10}))
 
     def check(self) -> None:
-        _call(self.dest, lambda: self.client.list_metrics(Namespace=self.namespace))
+        aws_call(f"--export {self.dest}", lambda: self.client.list_metrics(Namespace=self.namespace))
 
     def export(self, folder: Path) -> str:
         data = []
@@ -141,7 +142,7 @@ class CloudWatch:
             data.append(datum)
         for start in range(0, len(data), CLOUDWATCH_BATCH):
             batch = data[start : start + CLOUDWATCH_BATCH]
-            _call(self.dest, lambda batch=batch: self.client.put_metric_data(Namespace=self.namespace, MetricData=batch))
+            aws_call(f"--export {self.dest}", lambda batch=batch: self.client.put_metric_data(Namespace=self.namespace, MetricData=batch))
         return f"{len(data)} metric value(s) in {math.ceil(len(data) / CLOUDWATCH_BATCH)} call(s)"
 
 
@@ -189,19 +190,6 @@ def destination(dest: str, endpoint_url: str | None = None):
     if scheme == "pushgateway":
         return Pushgateway(dest)
     raise UsageError(f"--export {dest!r}: one of s3://bucket/prefix, cloudwatch://Namespace, pushgateway://host:port")
-
-
-def _call(dest: str, action):
-    """An AWS call whose failure names the destination (no credentials, no bucket, a wrong endpoint)."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return action()
-    except ClientError as error:
-        info = error.response.get("Error", {})
-        raise UsageError(f"--export {dest}: {info.get('Code', '?')}: {info.get('Message') or 'refused'}") from None
-    except BotoCoreError as error:
-        raise UsageError(f"--export {dest}: {error}") from None
 
 
 def checked(dests: list[str], endpoint_url: str | None = None) -> list:

@@ -134,6 +134,6 @@ def render(rows: list[dict], columns: list[str], fmt: str, where: list[str], sor
         writer.writeheader()
         writer.writerows(rows)
         return out.getvalue().rstrip("\n")
-    named = [c.split("<")[0].split(">")[0].split("=")[0].split("!")[0].strip() for c in where] + [(sort or "").lstrip("-+")]
+    named = [CONDITION.match(c).group(1) for c in where] + [(sort or "").lstrip("-+")]  # conditions parsed already
     shown = [c for c in dict.fromkeys([*TABLE_COLUMNS, *named]) if c in columns]
     return render_table(rows, shown) if rows else "no row matches"

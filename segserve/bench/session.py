@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+from collections import Counter
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -295,9 +296,7 @@ def collect(name: str, storage_url: str | None, catalog: Catalog, results_root: 
 
     suite = load_suite(out_dir / "suite.yaml", catalog)
     points = planning.expand(suite, catalog)
-    by_process: dict[str, int] = {}
-    for record in records:
-        by_process[record.get("measured_by", "?")] = by_process.get(record.get("measured_by", "?"), 0) + 1
+    by_process = dict(Counter(record.get("measured_by", "?") for record in records))
     measured = [t.user_attrs["record"]["run_id"] for t in found.get_trials(deepcopy=False) if "record" in t.user_attrs]
     duplicates = len(measured) - len(set(measured))
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}

@@ -55,7 +55,8 @@ def open_storage(url: str | None, out_dir: Path | None, heartbeat_s: int = HEART
             raise UsageError(f"--storage {url}: the folder {path.parent} does not exist")
         return JournalStorage(JournalFileBackend(str(path)))
     connect = {"connect_timeout": 10} if url.startswith("postgresql") else {}
-    for attempt in range(OPEN_ATTEMPTS):
+    attempt = 0
+    while True:
         try:
             with warnings.catch_warnings():  # heartbeats and their retry callback are "experimental" in Optuna 5
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -67,17 +68,17 @@ def open_storage(url: str | None, out_dir: Path | None, heartbeat_s: int = HEART
                     heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=2),
                 )
         except Exception as error:
+            attempt += 1
             # two processes starting on an empty database both create Optuna's tables and one loses with a unique
             # violation: the tables exist now, so the next attempt opens them (a refused connection is final)
-            if attempt < OPEN_ATTEMPTS - 1 and "refused" not in str(error).lower():
-                time.sleep(1.0 + attempt)
+            if attempt < OPEN_ATTEMPTS and "refused" not in str(error).lower():
+                time.sleep(attempt)
                 continue
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             password = _password(url)
             if password:  # a driver's message can quote the URL: never print its password
                 reason = reason.replace(password, "***")
             raise UsageError(f"--storage {display_url(url)}: cannot open the study storage ({reason})") from None
-    raise AssertionError("unreachable")  # every attempt returns or raises
 
 
 def _password(url: str) -> str | None:
