@@ -272,3 +272,11 @@ def test_a_destination_failing_after_the_suite_keeps_the_results_and_says_how_to
         f"export s3://bucket/prefix failed (connection reset); the results are complete in {tmp_path}; finish with:",
         f"  segserve export {tmp_path} s3://bucket/prefix",
     ]
+
+
+def test_a_run_given_locally_and_in_s3_is_one_run(aws, folder, capsys):
+    boto3.client("s3", endpoint_url=aws).create_bucket(Bucket="results-twice")
+    assert main(["export", str(folder), "s3://results-twice/p", "--endpoint-url", aws]) == 0
+    capsys.readouterr()
+    assert main(["results", "query", str(folder), "s3://results-twice/p", "--endpoint-url", aws, "--format", "json"]) == 0
+    assert sorted(r["run_id"] for r in json.loads(capsys.readouterr().out)) == ["seg_jpeg-aaaa", "seg_jpeg-bbbb"]

@@ -46,10 +46,13 @@ def result_folders(paths: list[str], downloads: Path | None = None, endpoint_url
 
 
 def rows_of(folders: list[Path]) -> list[dict]:
-    rows = []
+    """Each run's rows once: a run given twice (its local folder and its export to S3) is one run."""
+    rows, seen = [], set()
     for folder in folders:
         suite, timestamp = folder.parent.name, folder.name  # results/<suite>/<timestamp>/
-        rows += [{"suite": suite, "timestamp": timestamp, **row} for row in read_summary(folder)]
+        if (suite, timestamp) not in seen:
+            seen.add((suite, timestamp))
+            rows += [{"suite": suite, "timestamp": timestamp, **row} for row in read_summary(folder)]
     return rows
 
 
