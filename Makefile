@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-numactl setup-postgres setup-pushgateway build run bench test lint fuzz chaos mix gpu-check clean
+.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test lint fuzz chaos mix gpu-check clean
 
 setup: $(STAMP) setup-pushgateway
 
@@ -13,6 +13,19 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install -e '.[dev]'
 	touch $(STAMP)
+
+# Intel Extension for PyTorch in a venv of its own: its newest release on PyPI (2.8.0) is built for torch 2.8, older than
+# the project's torch. A suite serves from it with grid.server.venv: [.venv-ipex] (its torchserve starts the workers).
+IPEX_VENV := .venv-ipex
+setup-ipex: $(IPEX_VENV)/.installed
+
+$(IPEX_VENV)/.installed:
+	$(PYTHON) -m venv $(IPEX_VENV)
+	$(IPEX_VENV)/bin/pip install --quiet --upgrade pip
+	$(IPEX_VENV)/bin/pip install --quiet torch==2.8.0 torchvision==0.23.0 intel-extension-for-pytorch==2.8.0 \
+		torchserve==0.12.0 pyyaml numpy pillow psutil
+	$(IPEX_VENV)/bin/python -c "import torch, intel_extension_for_pytorch as ipex; print('torch', torch.__version__, 'ipex', ipex.__version__)"
+	touch $@
 
 # TorchServe's own CPU launcher (pinning: torchserve in a suite) needs numactl.
 setup-numactl:

@@ -97,6 +97,8 @@ class SegserveHandler:
         elif self.cores is None and model_name and self.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
             self.shared_cores = SharedCores(model_name)
         self.slowdown_fraction = slowdown_fraction()
+        # the most rows the network runs at once: a compiled network is compiled for batch sizes up to it
+        self.max_rows = common.micro_batch_size or int(context.system_properties.get("batch_size") or 1)
         self.load(context.system_properties["model_dir"], settings, context.manifest)
         self.stages = StageRunner(
             self.decode,

@@ -53,9 +53,11 @@ class PipelineHandler(SegserveHandler):
             # this worker's torch threads: torch's thread count is per process, so a node's `threads` (areas: 1)
             # would set it for every node (measured: the fan-out twin at one core's worth, 38.7 vs 50.7 req/s).
             node_settings = {**node_config.get("handler", {}), "overlap": False, "micro_batch_size": 0, "threads": 0}
+            # the node that carries the weights reads the archive's serialized file (the weights, or an int8 program)
+            serialized = manifest["model"].get("serializedFile") if (node_config.get("segserve") or {}).get("weights") else None
             context = types.SimpleNamespace(
-                system_properties={"model_dir": model_dir, "gpu_id": self.gpu_id},
-                manifest={"model": {"serializedFile": f"{stem}.pt"}},
+                system_properties={"model_dir": model_dir, "gpu_id": self.gpu_id, "batch_size": self.max_rows},
+                manifest={"model": {"serializedFile": serialized or f"{stem}.pt"}},
                 model_yaml_config={"handler": node_settings},
                 metrics=None,
             )

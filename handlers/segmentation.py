@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-from handlers import classmap, limits
+from handlers import classmap, limits, optimize
 from handlers.base import BadRequest, SegserveHandler, entry_point
 from handlers.batching import StagingPool, Streams, view_bytes
 from handlers.segnet import DEFAULT_BACKBONE, MEAN_RGB, STD_RGB, SegNet
@@ -45,6 +45,7 @@ class SegmentationSettings:
     raw_dtype: str = "float16"
     precision: str = "fp32"
     channels_last: bool = True
+    optimize: str = "eager"  # eager | compile | int8 | ipex (handlers/optimize.py)
     max_image_pixels: int = 25_000_000
     # NaN/Inf in a raw tensor body give a meaningless mask: refused with a 400 unless allowed here.
     allow_non_finite: bool = False
@@ -153,25 +154,34 @@ def decode_jpeg_reduced(body: bytes, min_height: int, min_width: int) -> torch.T
 
 
 def load_network(path: Path, settings: SegmentationSettings) -> torch.nn.Module:
-    """A TorchScript file as is, or a state_dict loaded into SegNet(backbone, num_classes)."""
+    """A TorchScript file or an exported program (int8: segserve/quantize.py) as is, or a state_dict loaded into
+    SegNet(backbone, num_classes); in eval mode."""
     with zipfile.ZipFile(path) as archive:
-        is_torchscript = any(name.endswith("constants.pkl") for name in archive.namelist())
-    if is_torchscript:
-        return torch.jit.load(str(path), map_location="cpu")
+        names = archive.namelist()
+    if any(name.endswith("constants.pkl") for name in names):
+        return torch.jit.load(str(path), map_location="cpu").eval()
+    if any(name.endswith("/archive_format") for name in names):
+        from torch.ao.quantization.fx import _decomposed  # noqa: F401 (registers the quantize/dequantize ops the program calls)
+
+        return torch.export.load(str(path)).module()  # already in inference form: exported modules refuse .eval()
+    if settings.optimize == "int8":
+        raise ValueError(f"optimize 'int8' needs a quantised program as the serialized file, not the weights {path.name} (segserve build)")
     network = SegNet(settings.num_classes, settings.backbone)
     network.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return network.eval()
+
+
+def prepare_network(path: Path, settings: SegmentationSettings, device: torch.device, batch_sizes: tuple[int, ...] = ()) -> torch.nn.Module:
+    """The network as a worker runs it: loaded, on its device in its precision and memory format, optimised
+    and (compiled variants) compiled for these batch sizes. segserve's bare forward and accuracy checks call this too."""
+    dtype = PRECISIONS[settings.precision]
+    memory_format = torch.channels_last if settings.channels_last else torch.contiguous_format
+    network = load_network(path, settings).to(device, dtype=dtype, memory_format=memory_format)
+    network = optimize.optimise(network, settings.optimize, device, dtype)
+    if optimize.compiles(settings.optimize):
+        example = torch.zeros(1, 3, settings.input_height, settings.input_width, device=device, dtype=dtype)
+        optimize.warm_up(network, batch_sizes, example.contiguous(memory_format=memory_format))
     return network
-
-
-def optimise_for_cpu(network: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """ipex.optimize when Intel Extension for PyTorch is importable (optional: its releases trail torch's)."""
-    if device.type != "cpu":
-        return network
-    try:
-        import intel_extension_for_pytorch as ipex
-    except ImportError:
-        return network
-    return ipex.optimize(network)
 
 
 class SegmentationHandler(SegserveHandler):
@@ -189,8 +199,8 @@ class SegmentationHandler(SegserveHandler):
         self.raw_nbytes = 3 * s.input_height * s.input_width * self.raw_dtype.itemsize
         memory_format = torch.channels_last if s.channels_last else torch.contiguous_format
         self.memory_format = memory_format
-        network = load_network(Path(model_dir) / manifest["model"]["serializedFile"], s)
-        self.network = optimise_for_cpu(network.eval().to(self.device, dtype=self.compute_dtype, memory_format=memory_format), self.device)
+        self.buckets = optimize.batch_buckets(s.optimize, self.max_rows)  # compiled networks: fixed batch sizes
+        self.network = prepare_network(Path(model_dir) / manifest["model"]["serializedFile"], s, self.device, self.buckets)
         # Normalisation on the 0–255 scale, so a uint8 image is copied in and normalised in place.
         self.norm = {
             kind: (torch.tensor(MEAN_RGB, device=dev).view(3, 1, 1) * 255, torch.tensor(STD_RGB, device=dev).view(3, 1, 1) * 255)
@@ -267,7 +277,7 @@ class SegmentationHandler(SegserveHandler):
         """Write a micro-batch's rows into the staging buffer of its position in the batch. Runs in the decode
         stage: with overlap, micro-batch k+1 is written while k is in the model, so each position has its own buffer."""
         s = self.settings
-        shape = (len(items), 3, s.input_height, s.input_width)
+        shape = (optimize.padded_rows(len(items), self.buckets), 3, s.input_height, s.input_width)  # rows past the items: padding
         host = self.pool.get(f"input.{position}", shape, torch.float32, memory_format=self.memory_format)
         for i, item in enumerate(items):
             if item.pixels.device.type != "cuda":
@@ -296,7 +306,7 @@ class SegmentationHandler(SegserveHandler):
                 items[i].pixels.record_stream(self.streams.compute)
                 self.fill(batch[i], items[i])
             logits = self.network(batch.to(self.compute_dtype))  # already in the model's memory format: fp32 is not copied
-            labels = logits.argmax(1).to(torch.uint8)  # only the class map leaves the device, never logits
+            labels = logits[: len(items)].argmax(1).to(torch.uint8)  # only the class map leaves the device, never logits
         if self.streams.cuda:
             self.stages.times.add("host_to_device_bytes", host.numel() * host.element_size())
         ready = self.streams.done_event()  # a fused successor on another stream waits for this, not for later batches

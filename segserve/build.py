@@ -6,6 +6,8 @@ the same steps by hand. The bench builds its per-point archives with the same `R
 handler settings and registration values of the point.
 """
 
+import hashlib
+import json
 import shutil
 import subprocess
 import sys
@@ -16,6 +18,10 @@ import yaml
 
 from segserve.catalog import Catalog, Dag, NodeModel, Target
 from segserve.errors import RuntimeFailure, UsageError
+
+# A worker that compiles its network (optimize compile/int8/ipex) takes tens of seconds to load on 2 cores:
+# TorchServe's startupTimeout (default 120 s) must not cut it off.
+COMPILED_STARTUP_TIMEOUT_S = 600
 
 # torch-workflow-archiver requires a handler file; a DAG of model nodes needs nothing in it.
 WORKFLOW_HANDLER_TEXT = '''"""Workflow handler of {name}.war (written by segserve build): model nodes only. A function node would
@@ -63,6 +69,17 @@ def default_fused_config(dag: Dag) -> dict:
     return {"minWorkers": 1, "maxWorkers": 1, "batchSize": 8, "maxBatchDelay": 5, "responseTimeout": 120, "handler": handler}
 
 
+def node_handler_settings(model: NodeModel, settings: dict) -> dict:
+    """A node's `handler:` settings: its model config's, with these values over them."""
+    return {**(yaml.safe_load(model.config.read_text()) or {}).get("handler", {}), **settings}
+
+
+def compile_registration(model: NodeModel, settings: dict) -> dict:
+    """TorchServe keys a node's archive needs for its optimisation: a longer startupTimeout when it compiles."""
+    compiles = node_handler_settings(model, settings).get("optimize", "eager") != "eager"
+    return {"startupTimeout": COMPILED_STARTUP_TIMEOUT_S} if compiles else {}
+
+
 def archive_model(name: str, handler: Path, serialized_file: Path | None, config: Path, extra: Path, model_store: Path, log=print) -> Path:
     command = [tool("torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler", f"{handler}:handle"]
     if serialized_file is not None:
@@ -95,10 +112,28 @@ class Recipe:
         self.catalog, self.weights, self.store, self.staging, self.log = catalog, weights, model_store, staging, log
         self.extra = stage_handler_package(catalog.root, staging)
 
+    def serialized_file(self, model: NodeModel, settings: dict) -> Path | None:
+        """What the archive of a node carries: nothing, the weights, or (optimize int8) the program quantised
+        from them, built once per recipe for each distinct network and input size."""
+        if not model.weights:
+            return None
+        handler = node_handler_settings(model, settings)
+        if handler.get("optimize", "eager") != "int8":
+            return self.weights
+        from segserve.quantize import quantize_int8  # torchao: only when an int8 archive is asked for
+
+        keys = {k: handler.get(k) for k in ("backbone", "num_classes", "input_height", "input_width")}
+        program = self.staging / "int8" / f"{model.name}-{hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:8]}.pt2"
+        if not program.exists():
+            self.log(f"quantising {self.weights.name} to int8 for {model.name} ({keys['input_height']}x{keys['input_width']})")
+            quantize_int8(self.weights, {k: v for k, v in keys.items() if v is not None}, program)
+        return program
+
     def node_archive(self, model: NodeModel, name: str, settings: dict, registration: dict | None = None) -> Path:
+        registration = {**compile_registration(model, settings), **(registration or {})}
         config = write_model_config(model.config, self.staging / f"{name}.yaml", settings, registration)
         handler = self.catalog.root / "handlers" / model.handler
-        return archive_model(name, handler, self.weights if model.weights else None, config, self.extra, self.store, self.log)
+        return archive_model(name, handler, self.serialized_file(model, settings), config, self.extra, self.store, self.log)
 
     def fused_archive(self, dag: Dag, name: str, node_settings: dict, stage_settings: dict, registration: dict | None = None) -> Path:
         """The DAG in one worker: the handlers, the spec and each node's config (nodes/<model>.yaml) in one .mar."""
@@ -112,9 +147,12 @@ class Recipe:
         if not source.exists():
             source = self.staging / f"{dag.name}-default-fused.yaml"
             source.write_text(yaml.safe_dump(default_fused_config(dag), sort_keys=False))
+        compiled = [compile_registration(model, node_settings.get(node, {})) for node, model in dag.nodes.items()]
+        registration = {k: v for entry in compiled for k, v in entry.items()} | (registration or {})
         config = write_model_config(source, self.staging / f"{name}.yaml", stage_settings, registration)
-        weights = self.weights if any(m.weights for m in dag.nodes.values()) else None
-        archive = archive_model(name, self.catalog.root / "handlers" / "pipeline", weights, config, extra, self.store, self.log)
+        carried = [self.serialized_file(model, node_settings.get(node, {})) for node, model in dag.nodes.items() if model.weights]
+        handler = self.catalog.root / "handlers" / "pipeline"
+        archive = archive_model(name, handler, next(iter(carried), None), config, extra, self.store, self.log)
         shutil.rmtree(extra)
         return archive
 
