@@ -69,17 +69,21 @@ def padded_rows(rows: int, buckets: tuple[int, ...]) -> int:
     return next((size for size in buckets if size >= rows), rows)
 
 
-def warm_up(network, batch_sizes: tuple[int, ...], example: torch.Tensor) -> None:
-    """Compile for each batch size now (example: one input row) instead of on a request."""
+def warm_up(network, batch_sizes: tuple[int, ...], example: torch.Tensor, dtype: torch.dtype) -> None:
+    """Compile for each batch size now instead of on a request. `example`: one fp32 input row in the model's
+    memory format. Each input is made as the handler makes a batch (an fp32 buffer allocated outside inference
+    mode, cast to the model's dtype inside it): dynamo guards on the tensor's kind, and an inference-mode
+    tensor here would leave every real batch to compile again (measured: 8 s on the first batch of each size)."""
     import torch._dynamo
 
     limit = len(batch_sizes) + 8  # dynamo recompiles at most this many graphs per function before falling back
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), limit))
-    with torch.inference_mode():
-        for size in batch_sizes:
-            network(example.expand(size, *example.shape[1:]).contiguous(memory_format=_memory_format(example)))
+    for size in batch_sizes:
+        batch = example.expand(size, *example.shape[1:]).contiguous(memory_format=_memory_format(example))
+        with torch.inference_mode():
+            network(batch.to(dtype))
 
 
 def _memory_format(tensor: torch.Tensor):

@@ -179,8 +179,8 @@ def prepare_network(path: Path, settings: SegmentationSettings, device: torch.de
     network = load_network(path, settings).to(device, dtype=dtype, memory_format=memory_format)
     network = optimize.optimise(network, settings.optimize, device, dtype)
     if optimize.compiles(settings.optimize):
-        example = torch.zeros(1, 3, settings.input_height, settings.input_width, device=device, dtype=dtype)
-        optimize.warm_up(network, batch_sizes, example.contiguous(memory_format=memory_format))
+        example = torch.zeros(1, 3, settings.input_height, settings.input_width, device=device)
+        optimize.warm_up(network, batch_sizes, example.contiguous(memory_format=memory_format), dtype)
     return network
 
 

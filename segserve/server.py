@@ -36,6 +36,7 @@ class TorchServe:
     config_overrides: dict[str, str] = field(default_factory=dict)  # more config.properties keys
     env: dict[str, str] = field(default_factory=dict)  # extra environment (workers inherit it), e.g. OMP_NUM_THREADS
     core_plan: Path | None = None  # a core plan YAML (segserve/pinning.py)
+    venv: Path | None = None  # run TorchServe (and so its workers) from this Python environment; None: segserve's own
     # Each log file under logs/ (torchserve.out and TorchServe's log4j files) rotates at this size,
     # keeping this many older files: at most (kept + 1) × max_bytes each.
     log_file_max_bytes: int = 10 * 2**20
@@ -64,6 +65,16 @@ class TorchServe:
             except BlockingIOError:
                 raise RuntimeFailure(f"another `segserve serve` is starting TorchServe from {self.run_dir}: let it finish") from None
             self._start(startup_timeout_s, log)  # the lock goes with the file when this returns or raises
+
+    def torchserve(self) -> str:
+        """The torchserve launcher: its Python is the one every worker runs (TorchServe passes sys.executable on)."""
+        if self.venv is None:
+            return tool("torchserve")
+        launcher = Path(self.venv) / "bin" / "torchserve"
+        if not launcher.exists():
+            hint = " (make setup-ipex)" if Path(self.venv).name == ".venv-ipex" else ""
+            raise UsageError(f"venv {self.venv}: no {launcher} there: install torchserve in it{hint}")
+        return str(launcher.absolute())  # the server starts from its run dir: a relative path would not resolve there
 
     def _start(self, startup_timeout_s: float, log) -> None:
         running = processes.server_processes(self.run_dir, self._own_ports())
@@ -95,7 +106,7 @@ class TorchServe:
         log_config.write_text(processes.log4j2_xml(logs.resolve(), self.log_file_max_bytes, self.log_files_kept))
         store = str(self.model_store.resolve())
         command = [
-            tool("torchserve"),
+            self.torchserve(),
             "--start",
             "--foreground",
             "--ncs",

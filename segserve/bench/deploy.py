@@ -7,18 +7,29 @@ import hashlib
 import json
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from handlers.optimize import IPEX_HINT
 from segserve.bench.measure import Endpoint
 from segserve.bench.params import at_level
 from segserve.bench.plan import Point, settings_for
 from segserve.bench.suite import Suite
-from segserve.build import Recipe
+from segserve.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.catalog import Catalog, Target
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.server import TorchServe
+
+# a worker that compiles its network (optimize compile/int8) loads for tens of seconds on 2 cores
+WORKER_LOAD_TIMEOUT_S = COMPILED_STARTUP_TIMEOUT_S
+
+
+# what an optimisation imports in the worker
+OPTIMIZATION_MODULES = {"int8": "torchao", "ipex": "intel_extension_for_pytorch"}
 
 
 def _digest(value) -> str:
@@ -32,15 +43,20 @@ class Deployment:
         self.extra_env = dict(env or {})  # for every worker of this deployment's server (`bench ab --b-env`)
         self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-"))
         self.staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
+        # one compile cache for the workers of every server this deployment starts and for the bare forward beside
+        # them: a variant compiles cold once per bench run (its first load_s), later loads reuse the kernels
+        self.compile_env = {"TORCHINDUCTOR_CACHE_DIR": str(self.staging / "inductor")}
         self.recipe = Recipe(catalog, weights, self.store, self.staging, log=lambda _: None)
         self.server: TorchServe | None = None
         self.server_key = self.registered_key = None
         self.current_workers: dict[str, int] = {}
         self.fresh_workers = False  # the last deploy started workers (registered or scaled)
+        self.load_s: float | None = None  # the last deploy's registration: until every worker was ready (loaded, compiled)
+        self.importable: dict[tuple[str, str], bool] = {}  # (python, module) → whether it imports
         self.changes = {"restarts": 0, "registrations": 0, "scales": 0}  # what the points cost (a search reports it)
 
     def deploy(self, point: Point) -> Endpoint:
-        self.fresh_workers = False
+        self.fresh_workers, self.load_s = False, None
         http = self.suite.http_targets.get(point.target)
         if http is not None:
             self.stop_server()
@@ -64,7 +80,7 @@ class Deployment:
             return
         self.stop_server()
         params = dict(point.server)
-        env, overrides = dict(self.extra_env), {}
+        env, overrides = {**self.compile_env, **self.extra_env}, {}
         for param in at_level("server"):
             if param.name in params and param.env:
                 env[param.env] = param.env_value(params[param.name])
@@ -79,7 +95,8 @@ class Deployment:
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
         config = self.catalog.root / "config.properties"
         ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
-        self.server = TorchServe(run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, **ports)
+        venv = Path(params["venv"]) if params.get("venv") else None
+        self.server = TorchServe(run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, venv=venv, **ports)
         self.server.start(log=lambda _: None)
         self.changes["restarts"] += 1
         self.server_key, self.registered_key, self.current_workers = point.server, None, {}
@@ -116,7 +133,9 @@ class Deployment:
             return
         self.release()
         server = self.server
+        started = time.monotonic()
         node_settings, stage, registration = settings_for(point, target)
+        self.check_python({s.get("optimize") for s in node_settings.values()})
         workers = point.workers
         if target.kind == "workflow":
             urls, spec_models = {}, {}
@@ -139,10 +158,24 @@ class Deployment:
             count = next(iter(workers.values()))
             server.register_model(archive, target.name, count, first.get("batch-size"), first.get("max-batch-delay"), log=lambda _: None)
         for model in target.models:
-            server.wait_ready(model)
+            server.wait_ready(model, WORKER_LOAD_TIMEOUT_S)
         self.registered_key, self.fresh_workers = key, True
+        self.load_s = round(time.monotonic() - started, 2)
         self.changes["registrations"] += 1
         self.current_workers = dict(workers)
+
+    def check_python(self, optimizations: set) -> None:
+        """Fail a point fast, before anything is built or registered, when the server's Python lacks what its
+        optimisation imports (ipex in segserve's own venv, torchao in .venv-ipex): a worker would fail to load."""
+        python = str(self.server.venv / "bin" / "python") if self.server.venv else sys.executable
+        for optimization in sorted(optimizations & set(OPTIMIZATION_MODULES)):
+            module = OPTIMIZATION_MODULES[optimization]
+            if (python, module) not in self.importable:
+                done = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
+                self.importable[(python, module)] = done.returncode == 0
+            if not self.importable[(python, module)]:
+                hint = f": {IPEX_HINT}" if optimization == "ipex" else " (pip install torchao)"
+                raise RuntimeFailure(f"optimize {optimization}: {module} is not importable in {python}{hint}")
 
     def ensure_workers(self, point: Point, target: Target) -> None:
         for node, count in point.workers.items():
@@ -150,7 +183,7 @@ class Deployment:
                 model = target.name if node == "workers" else target.registered(node)
                 self.server.scale(model, count)
                 # TorchServe's CPU launcher restarts every worker of the model on a scale: wait for them.
-                self.server.wait_ready(model)
+                self.server.wait_ready(model, WORKER_LOAD_TIMEOUT_S)
                 self.current_workers[node] = count
                 self.fresh_workers = True
                 self.changes["scales"] += 1

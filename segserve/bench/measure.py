@@ -184,12 +184,68 @@ def bare_shape(record: dict, node: str) -> tuple[int, str]:
     return threads, f"{batch_size}:{height}:{width}"
 
 
-def run_bare(weights: Path, threads: int, shapes: list[str], seconds: float = 6.0, rounds: int = 3, log=print) -> list[dict]:
+def bare_command(weights: Path, threads: int, variant: dict | None = None, python: str | None = None) -> list[str]:
+    """`python -m segserve.bench.bare` for a network variant ({optimize, precision, input_height, input_width,
+    backbone, program}), in the server's Python (a venv's for ipex) or this one."""
+    variant = variant or {}
+    command = [python or sys.executable, "-m", "segserve.bench.bare", "--weights", str(weights), "--threads", str(threads)]
+    for key in ("optimize", "precision", "backbone", "program"):
+        if variant.get(key) is not None:
+            command += [f"--{key}", str(variant[key])]
+    if variant.get("input_height"):
+        command += ["--input-size", f"{variant['input_height']}:{variant['input_width']}"]
+    return command
+
+
+def _run_bare_command(command: list[str], threads: int, timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    # the project root on the path: a venv of its own (.venv-ipex) has torch but not segserve installed
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+
+
+def run_bare(
+    weights: Path,
+    threads: int,
+    shapes: list[str],
+    seconds: float = 6.0,
+    rounds: int = 3,
+    log=print,
+    variant: dict | None = None,
+    python: str | None = None,
+    env: dict | None = None,
+) -> list[dict]:
     """The network's in-process forward throughput at these shapes, in a fresh process (segserve/bench/bare.py)."""
-    command = [sys.executable, "-m", "segserve.bench.bare", "--weights", str(weights), "--threads", str(threads)]
+    command = bare_command(weights, threads, variant, python)
     command += [arg for shape in shapes for arg in ("--shape", shape)] + ["--seconds", str(seconds), "--rounds", str(rounds)]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    done = _run_bare_command(command, threads, 900, env)
     if done.returncode != 0:
         log(f"bare forward with {threads} threads failed: {done.stderr.strip()[-300:]}")
         return []
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def run_accuracy(
+    weights: Path,
+    threads: int,
+    variant: dict,
+    python: str | None = None,
+    images: int = 32,
+    shapes: tuple[str, ...] = (),
+    seconds: float = 6.0,
+    env: dict | None = None,
+) -> dict:
+    """{iou, iou_eager, agreement, images, load_s} of a network variant against eager fp32 (segserve/accuracy.py),
+    and with `shapes` its forward throughput at each ({"forward": [entries]}), in one process; raises
+    RuntimeFailure with the reason when the variant cannot be loaded or run."""
+    from segserve.errors import RuntimeFailure
+
+    command = [*bare_command(weights, threads, variant, python), "--accuracy", str(images), "--seconds", str(seconds)]
+    done = _run_bare_command(command + [arg for shape in shapes for arg in ("--shape", shape)], threads, 900, env)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    scores = [line for line in lines if "accuracy" in line]
+    if done.returncode != 0 or not scores:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeFailure(f"the {variant.get('optimize') or 'eager'} network could not be run: {last[-300:]}")
+    return {**scores[0]["accuracy"], "load_s": scores[0]["load_s"], "forward": [line for line in lines if "accuracy" not in line]}

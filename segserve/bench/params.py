@@ -62,6 +62,12 @@ PARAMS = {
             doc="passive: idle OpenMP threads stop spinning on cores the frontend and decoders need",
         ),
         Param(
+            "venv",
+            "server",
+            str,
+            doc="the Python environment TorchServe and its workers run from (.venv-ipex: make setup-ipex); unset: segserve's own",
+        ),
+        Param(
             "pinning",
             "server",
             Literal["none", "torchserve", "plan"],
@@ -96,6 +102,16 @@ PARAMS = {
             frozenset({"segmentation"}),
             per_node=True,
             doc="compute precision",
+        ),
+        Param(
+            "optimize",
+            "archive",
+            Literal["eager", "compile", "int8", "ipex"],
+            None,
+            ("optimize",),
+            frozenset({"segmentation"}),
+            per_node=True,
+            doc="model optimisation applied at load (handlers/optimize.py); ipex needs grid.server.venv: [.venv-ipex]",
         ),
         Param("jpeg_quality", "archive", Annotated[int, Field(ge=1, le=100)], (90,), ("quality",), frozenset({"jpeg"}), per_node=True),
         Param(

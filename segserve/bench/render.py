@@ -62,6 +62,8 @@ def sorted_best_first(records: list[dict], objective: str) -> list[dict]:
 def status(record: dict, winner: dict | None, constraints: dict) -> str:
     if record is winner:
         return "★ best"
+    if record.get("valid") is False and not record.get("error"):
+        return "✗ invalid (accuracy)"
     broken = [tag for tag, bounds in constraints.items() if not satisfies(record, {tag: bounds})]
     return "✗ violates " + ", ".join(broken) if broken else "ok"
 

@@ -12,6 +12,7 @@ from segserve.bench.schema import METRICS
 
 # the columns of the per-target tables; the full set is in summary.csv
 TABLE_METRICS = ["throughput_rps", "latency_p50_ms", "latency_p99_ms", "requests_failed", "server_queue_ms", "server_cpu_pct"]
+ACCURACY_METRICS = ["iou", "agreement", "load_s"]
 
 
 def _time_outside(records: list[dict], targets: list[str]) -> str:
@@ -136,16 +137,18 @@ def write_report(
         "cover the warm-up). cpu_pct: that process's CPU use (% of one core).",
     )
 
-    columns = ["status", "run_id", *params, *(header(m) for m in TABLE_METRICS)]
     for target in targets:
         group = [r for r in records if r.get("target") == target]
         measured, failed = [r for r in group if not r.get("error")], [r for r in group if r.get("error")]
+        # optimised points: accuracy and load time beside the throughput
+        metrics = TABLE_METRICS + [m for m in ACCURACY_METRICS if any(r.get(m) is not None for r in measured)]
+        columns = ["status", "run_id", *params, *(header(m) for m in metrics)]
         plot = plot_name("throughput_vs_p99", target)
         table = [
             {
                 "status": status(r, winners[target], constraints),
                 **{p: r.get(p) for p in ["run_id", *params]},
-                **{header(m): r.get(m) for m in TABLE_METRICS},
+                **{header(m): r.get(m) for m in metrics},
             }
             for r in sorted_best_first(measured, objective)
         ]
@@ -161,6 +164,14 @@ def write_report(
         ]
         if failed:
             md += ["", "Failed points:", "", *(f"- `{r.get('run_id')}`: {cell(r['error'])}" for r in failed)]
+        inaccurate = [r for r in measured if r.get("valid") is False]
+        if inaccurate:
+            md += [
+                "",
+                "Invalid points (accuracy gate):",
+                "",
+                *(f"- `{r.get('run_id')}`: {cell(r.get('invalid_reason'))}" for r in inaccurate),
+            ]
 
     if params:
         md += ["", "## Throughput by parameter", ""]

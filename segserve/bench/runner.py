@@ -1,16 +1,20 @@
 """The bench's loop: the strategy proposes a point, the deployment puts it in place, it is measured, made a
 record, handed to every sink, and the strategy is told. The runner knows none of them by name."""
 
+import json
 import statistics
 import time
 from pathlib import Path
 
+from segserve.accuracy import verdict
 from segserve.bench.deploy import Deployment
-from segserve.bench.measure import bare_shape, measure, process_groups, run_bare
-from segserve.bench.plan import Point
+from segserve.bench.measure import bare_shape, measure, process_groups, run_accuracy, run_bare
+from segserve.bench.plan import Point, settings_for
 from segserve.bench.search import Strategy
 from segserve.bench.stats import ratio_of_medians
+from segserve.build import node_handler_settings
 from segserve.catalog import Catalog
+from segserve.errors import RuntimeFailure
 
 
 class Runner:
@@ -18,6 +22,7 @@ class Runner:
         self.catalog, self.deployment, self.strategy, self.sinks = catalog, deployment, strategy, sinks
         self.bodies_for, self.log = bodies_for, log  # bodies_for(target name) → request bodies
         self.suite = deployment.suite
+        self.scores: dict[str, dict] = {}  # accuracy of each network variant, scored once per suite
 
     def run(self, done: dict[str, dict], base: dict) -> list[dict]:
         """Measure what the strategy proposes; `done`: records of an earlier run of the same folder (a point
@@ -52,6 +57,7 @@ class Runner:
         try:
             endpoint = self.deployment.deploy(point)
             reconfigure_s = time.monotonic() - started
+            accuracy = self.accuracy(point)
             server = self.deployment.server if endpoint.metrics_url else None
             groups = process_groups(server, endpoint.models) if server else None
             # the bare forward in short slices before and after the point: the same spell of the shared machine
@@ -60,11 +66,14 @@ class Runner:
             bodies = self.bodies_for(point.target)
             metrics = measure(endpoint, self.suite.load, point.params, bodies, groups, self.deployment.fresh_workers, prune)
             slices += self.bare_slices(point, node)
-        except Exception as failure:  # one failed point must not lose the others
+        except Exception as failure:  # one failed point must not lose the others (an optimisation that fails too)
             reconfigure_s = time.monotonic() - started
+            accuracy = {}
             error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
             self.deployment.stop_server()  # start clean for the next point
         record = record_for(point, reconfigure_s, metrics, error, self.weights_node(point.target, alone=False))
+        record.update({"load_s": self.deployment.load_s, **accuracy})
+        record.update(validity(record))
         if node and not error:
             record.update(served_vs_bare(record.get("measured_window_throughputs_rps") or [], slices))
         return record
@@ -73,8 +82,45 @@ class Runner:
         if node is None:
             return []
         threads, shape = bare_shape(point.params, node)
-        entries = run_bare(self.deployment.weights, threads, [shape], seconds=1.5, rounds=3, log=self.log)
+        variant, python = self.variant(point)
+        env = self.deployment.compile_env
+        entries = run_bare(
+            self.deployment.weights, threads, [shape], seconds=1.5, rounds=3, log=self.log, variant=variant, python=python, env=env
+        )
         return entries[0]["slices_ips"] if entries else []
+
+    def variant(self, point: Point) -> tuple[dict | None, str | None]:
+        """The network the point's weights node runs ({optimize, precision, input size, backbone, program}) and
+        the Python its server runs (a venv's); (None, None) for a target without weights."""
+        target = self.catalog.targets.get(point.target)
+        node = next((n for n in target.nodes if n.model.weights), None) if target else None
+        if node is None:
+            return None, None
+        node_settings, _, _ = settings_for(point, target)
+        handler = node_handler_settings(node.model, node_settings.get(node.name, {}))
+        variant = {k: handler.get(k) for k in ("optimize", "precision", "backbone", "input_height", "input_width")}
+        if handler.get("optimize") == "int8":
+            variant["program"] = self.deployment.recipe.serialized_file(node.model, handler)
+        venv = point.params.get("venv")
+        return variant, str(Path(venv) / "bin" / "python") if venv else None
+
+    def accuracy(self, point: Point) -> dict:
+        """{iou, iou_eager, agreement, valid, invalid_reason} of the point's network against eager fp32, scored
+        once per variant; {} for eager fp32 itself and for targets without weights."""
+        variant, python = self.variant(point)
+        if variant is None or (variant.get("optimize") or "eager", variant.get("precision") or "fp32") == ("eager", "fp32"):
+            return {}
+        key = json.dumps([variant, python], sort_keys=True, default=str)
+        if key not in self.scores:
+            threads, _ = bare_shape(point.params, self.weights_node(point.target, alone=False))
+            try:
+                scores = run_accuracy(self.deployment.weights, threads, variant, python, env=self.deployment.compile_env)
+                valid, reason = verdict(scores)
+                self.scores[key] = {k: scores[k] for k in ("iou", "iou_eager", "agreement")} | {"accurate": valid, "invalid_reason": reason}
+            except RuntimeFailure as failure:
+                self.scores[key] = {"accurate": False, "invalid_reason": str(failure)}
+            self.log(f"accuracy of {variant.get('optimize')}/{variant.get('precision')}: {self.scores[key]}")
+        return self.scores[key]
 
     def weights_node(self, name: str, alone: bool = True) -> str | None:
         """The node of a target that carries the weights (seg); `alone`: only for a model target, the one whose
@@ -83,6 +129,15 @@ class Runner:
         if target is None or (alone and target.kind != "model"):
             return None
         return next((node.name for node in target.nodes if node.model.weights), None)
+
+
+def validity(record: dict) -> dict:
+    """A point is valid when it was measured and its network passed the accuracy gate; else the reason."""
+    if record.get("error"):
+        return {"valid": False, "invalid_reason": record["error"]}
+    if record.get("accurate") is False:
+        return {"valid": False, "invalid_reason": record.get("invalid_reason")}
+    return {"valid": True, "invalid_reason": None}
 
 
 def served_vs_bare(served_windows_rps: list[float], bare_slices_ips: list[float]) -> dict:

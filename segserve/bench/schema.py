@@ -42,6 +42,10 @@ METRICS = {
         Metric("others_cpu_pct", "% of the machine", False, "most CPU other processes took in a measured window (/proc/stat)"),
         Metric("bare_forward_ips", "img/s", True, "seg points: bare forward at the same batch, threads and input, measured right after"),
         Metric("ratio_bare", "×", True, "seg points: median window throughput / median bare slice (before and after the point)"),
+        Metric("iou", "IoU", True, "optimised points: foreground IoU of the served network on held-out synthetic images"),
+        Metric("iou_eager", "IoU", True, "optimised points: the eager fp32 network's IoU on the same images"),
+        Metric("agreement", "share", True, "optimised points: share of pixels classed as the eager fp32 network classes them"),
+        Metric("load_s", "s", False, "registration until every worker was ready: model load, compile and warm-up"),
         Metric("predicted_throughput_rps", "req/s", True, "auto search: the throughput its members predicted, before measuring"),
     ]
 }
@@ -90,13 +94,21 @@ EXTRA_COLUMNS = [
     "ratio_bare_ci_high",
     "suspect",
     "predicted_throughput_rps",
+    "load_s",
+    "iou",
+    "iou_eager",
+    "agreement",
+    "accurate",
+    "valid",
+    "invalid_reason",
     "error",
 ]
 
 
 def satisfies(record: dict, constraints: dict[str, dict[str, float]]) -> bool:
-    """True when every constrained metric is present and within {min, max}; failed runs never satisfy."""
-    if record.get("error"):
+    """True when every constrained metric is present and within {min, max}; failed runs and invalid points (an
+    optimisation that failed the accuracy gate) never satisfy."""
+    if record.get("error") or record.get("valid") is False:
         return False
     for tag, bounds in constraints.items():
         value = record.get(tag)
