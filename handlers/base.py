@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from handlers import profiling
 from handlers.batching import RowFailure, StageRunner
 from handlers.pinning import SharedCores, claim_cores
 from handlers.settings import parse_settings
@@ -80,6 +81,7 @@ class SegserveHandler:
         self.initialized = False
         self.device = torch.device("cpu")
         self.shared_cores = None
+        self.model_name = ""
 
     def initialize(self, context) -> None:
         settings = dict((context.model_yaml_config or {}).get("handler") or {})
@@ -90,6 +92,7 @@ class SegserveHandler:
         # Threads: an explicit `threads` or SEGSERVE_THREADS, else a core plan's slot, else OMP_NUM_THREADS
         # (torch reads it), else the worker's cores shared evenly among its model's live workers.
         model_name = getattr(context, "model_name", "") or ""  # "" for the fused pipeline's inner nodes
+        self.model_name = model_name
         self.cores = claim_cores(model_name)
         threads = common.threads or int(os.environ.get("SEGSERVE_THREADS", 0) or 0)
         if threads > 0 and self.device.type == "cpu":
@@ -117,6 +120,12 @@ class SegserveHandler:
         )
 
     def handle(self, data: list, context) -> list:
+        trace = profiling.claim(self.model_name)  # `segserve profile` asked for this batch under torch.profiler
+        if trace is not None:
+            return profiling.traced(lambda: self.handle_batch(data, context), trace)
+        return self.handle_batch(data, context)
+
+    def handle_batch(self, data: list, context) -> list:
         started = time.perf_counter()
         if self.shared_cores is not None:
             self.shared_cores.refresh()  # workers of this model may have come or gone

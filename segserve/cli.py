@@ -50,6 +50,8 @@ def served_targets(names: str | None) -> list:
 def start_pipeline(server, targets: list, log=print) -> None:
     """Start TorchServe and register the targets' archives (a workflow's nodes come with it); wait until every
     model is READY; stop it again on any failure."""
+    from segserve.build import COMPILED_STARTUP_TIMEOUT_S
+
     for target in targets:
         if not (server.model_store / target.archive).exists():
             raise UsageError(f"{server.model_store / target.archive} is missing: run `segserve build` first")
@@ -62,7 +64,7 @@ def start_pipeline(server, targets: list, log=print) -> None:
                 server.register_model(target.archive, target.name, log=log)
         for target in targets:
             for model in target.models:
-                server.wait_ready(model)
+                server.wait_ready(model, COMPILED_STARTUP_TIMEOUT_S)  # a worker that compiles its network loads for minutes
     except BaseException:
         server.stop()
         raise
@@ -115,12 +117,11 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def cmd_predict(args) -> int:
-    from segserve.predict import predict
-
+def image_files(given_paths: list[str]) -> list[Path]:
+    """Image files, and the .jpg/.jpeg/.png files of folders (as a user means by `segserve predict photos/`)."""
     images = []
-    for given in map(Path, args.images):
-        if given.is_dir():  # a folder: the images in it, as a user means by `segserve predict photos/`
+    for given in map(Path, given_paths):
+        if given.is_dir():
             found = sorted(p for p in given.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
             if not found:
                 raise UsageError(f"{given} is a folder without {'/'.join(IMAGE_SUFFIXES)} files")
@@ -129,6 +130,13 @@ def cmd_predict(args) -> int:
             images.append(given)
         else:
             raise UsageError(f"no such image or folder: {given}")
+    return images
+
+
+def cmd_predict(args) -> int:
+    from segserve.predict import predict
+
+    images = image_files(args.images)
     target = catalog().target(args.target)
     server = _server(args)
     failed = predict(server.url("inference"), server.token("inference"), images, Path(args.out), target)
@@ -279,6 +287,23 @@ def _size(text: str) -> tuple[int, int]:
     return height, width
 
 
+def cmd_profile(args) -> int:
+    from segserve import processes
+    from segserve.profile import profile
+
+    if args.seconds <= 0 or args.connections < 0 or args.rate <= 0:
+        raise UsageError("--seconds and --rate must be positive and --connections ≥ 0")
+    target = catalog().target(args.target)
+    server = _server(args)
+    if not server.config_path.exists() or not processes.server_processes(server.run_dir):
+        raise RuntimeFailure(f"no TorchServe runs from {server.run_dir}: start it with `segserve serve --targets {target.name}`")
+    bodies = [path.read_bytes() for path in image_files(args.images)] if args.connections else []
+    summary = profile(server, target, server.run_dir, args.seconds, Path(args.out), bodies, args.connections, args.rate)
+    print((Path(summary["folder"]) / "report.md").read_text())
+    print(f"profile: {summary['folder']}")
+    return 1 if summary["errors"] else 0
+
+
 def cmd_export(args) -> int:
     from segserve.bench.export import export
 
@@ -367,6 +392,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print [{variant, throughput_ips, latency_ms, iou, agreement, valid, reason}]")
     p.add_argument("--out", help="write the fastest valid variant's seg archive here (F.mar)")
     p.set_defaults(run=cmd_optimize)
+
+    p = sub.add_parser(
+        "profile", parents=[common], help="py-spy flame graphs of every worker of a served target, torch.profiler traces per node"
+    )
+    p.add_argument("target", help="a served catalog target (seg, seg_jpeg, seg_jpeg_fused …)")
+    p.add_argument("--seconds", type=float, default=10.0, help="sampling time (default: 10)")
+    p.add_argument("--rate", type=int, default=100, help="py-spy samples per second (default: 100)")
+    p.add_argument("--connections", type=int, default=8, help="drive the target with this many connections meanwhile; 0: no load")
+    p.add_argument("--images", nargs="+", default=["samples"], help="--connections: request bodies (default: samples/)")
+    p.add_argument("--out", default="results/profiles", help="profiles go to OUT/<UTC>/ (default: results/profiles)")
+    p.set_defaults(run=cmd_profile)
 
     p = sub.add_parser("pin", parents=[common], help="show live CPU affinity (--show), or write a core plan from bench results")
     what = p.add_mutually_exclusive_group(required=True)

@@ -8,6 +8,7 @@ Every variant runs in a fresh process (segserve/bench/bare.py), ipex in .venv-ip
 """
 
 import json
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,12 @@ def write_archive(root: Path, weights: Path, out: Path, row: dict, channels_last
         return recipe.node_archive(model, out.stem, settings)
 
 
-def run(args, log=print) -> int:
+def to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run(args, log=to_stderr) -> int:
+    """Progress and the archiver's commands go to stderr: stdout is the table, or the JSON with --json."""
     weights = Path(args.weights)
     if not weights.exists():
         raise UsageError(f"--weights {weights}: no such file (segserve build trains weights/seg.pt)")

@@ -87,10 +87,17 @@ def predictions(records: list[dict]) -> list[dict]:
     return rows
 
 
-def _pick_bare(bare: list[dict], batch_size, threads, input_size=None) -> dict | None:
-    """The bare forward measurement matching the batch size and input size (and threads when known, else the fastest)."""
-    input_size = list(input_size or (256, 448))
-    same_batch = [b for b in bare if b.get("batch_size") == batch_size and list(b.get("input_size") or (256, 448)) == input_size]
+def _pick_bare(bare: list[dict], batch_size, threads, input_size=None, optimize=None, precision=None) -> dict | None:
+    """The bare forward measurement matching the batch size, input size and network variant (optimize, precision;
+    the end-of-suite bare forward is eager fp32), and threads when known, else the fastest."""
+    input_size, variant = list(input_size or (256, 448)), (optimize or "eager", precision or "fp32")
+    same_batch = [
+        b
+        for b in bare
+        if b.get("batch_size") == batch_size
+        and list(b.get("input_size") or (256, 448)) == input_size
+        and (b.get("optimize") or "eager", b.get("precision") or "fp32") == variant
+    ]
     exact = [b for b in same_batch if threads is not None and b.get("threads") == threads]
     candidates = exact or same_batch
     return max(candidates, key=lambda b: b.get("throughput_ips") or 0) if candidates else None
@@ -111,7 +118,8 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
             groups.setdefault((r.get("omp_num_threads"), str(r.get("input_size"))), []).append(r)
         group_winners = [best(group, constraints, objective) for group in groups.values()]
         for point in [winner] + [w for w in group_winners if w is not None and w is not winner]:
-            entry = _pick_bare(bare, point.get("batch_size"), point.get("omp_num_threads"), point.get("input_size")) or {}
+            variant = (point.get("optimize"), point.get("precision"))
+            entry = _pick_bare(bare, point.get("batch_size"), point.get("omp_num_threads"), point.get("input_size"), *variant) or {}
             beside = point.get("bare_forward_ips")  # measured right after the point: the fairer comparison
             measured_ratio = point.get("ratio_bare")  # windows over bare slices around the point, with an interval
             value = (
@@ -157,7 +165,8 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
         node = pipeline.weights_node
         batch_size = winner.get(f"{node}_batch_size") or winner.get("batch_size")
         input_size = winner.get(f"{node}_input_size") or winner.get("input_size")
-        entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads"), input_size) or {}
+        variant = (winner.get(f"{node}_optimize") or winner.get("optimize"), winner.get(f"{node}_precision") or winner.get("precision"))
+        entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads"), input_size, *variant) or {}
         windows = [winner.get("measured_window_throughputs_rps") or []]
         windows += [(winners.get(m) or {}).get("measured_window_throughputs_rps") or [] for m in pipeline.members]
         shared_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) * sum(1 / np.median(m) for m in ms))

@@ -259,7 +259,48 @@ def run_suite(
     finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, search)
     for sink in sinks:
         sink.finish(finished)
+    if suite.profile == "best":
+        profile_best(suite, catalog, weights, records, points, setup, out_dir, port_base, log)
     return out_dir
+
+
+def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], points: list, setup, out_dir: Path, port_base, log) -> None:
+    """`profile: best`: the suite's best point served again and profiled under its own load (segserve/profile.py);
+    the profile's summary is appended to report.md."""
+    from segserve.bench.schema import best
+    from segserve.profile import profile
+
+    ours = [r for r in records if r.get("target") in catalog.targets]
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    winner = best(ours, constraints, suite.objective)
+    if winner is None:
+        log("profile: best: no point satisfied the constraints: nothing to profile")
+        return
+    point = next(p for p in points if p.run_id == winner["run_id"])
+    log(f"profiling the best point {point.run_id} for {suite.profile_seconds:.0f}s …")
+    deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
+    try:
+        deployment.deploy(point)
+        server = deployment.server
+        connections = point.params.get("concurrency") or 8
+        summary = profile(
+            server,
+            catalog.targets[point.target],
+            server.run_dir,
+            suite.profile_seconds,
+            out_dir / "profile",
+            setup.bodies_for(point.target),
+            connections,
+            100,
+            log,
+        )
+    finally:
+        deployment.close()
+    folder = Path(summary["folder"])
+    text = (folder / "report.md").read_text().replace("# Profile of", "## Profile of the best point:", 1)
+    with open(out_dir / "report.md", "a") as report:
+        report.write(f"\n{text}\nFiles: `{folder.relative_to(out_dir)}/`\n")
+    log(f"profile of {point.run_id}: {folder}")
 
 
 def collect(name: str, storage_url: str | None, catalog: Catalog, results_root: Path, log=print) -> Path:

@@ -204,6 +204,10 @@ class Suite(Strict):
     objective: str = "throughput_rps"
     core_plan: str | None = None  # the plan used by grid.server.pinning "plan"
     search: SearchSettings = SearchSettings()
+    # best: after the suite, serve its best point again and profile it under load (segserve profile): flame graphs
+    # of every worker, a torch.profiler trace per node, the profiler's cost; into <result folder>/profile/
+    profile: Literal["best"] | None = None
+    profile_seconds: Annotated[float, Field(gt=0)] = 10.0
 
     @model_validator(mode="after")
     def plan_for_pinning(self):

@@ -1,0 +1,54 @@
+"""One batch under torch.profiler, on request from outside the worker (`segserve profile`).
+
+A request is a file <server run dir>/profile-requests/<model>.json holding {"trace": PATH}. Each batch, the
+worker looks for its model's file (one stat); the first worker of the model to rename it to its own name takes
+the request, runs that batch under torch.profiler and writes a Chrome trace JSON to PATH. The run dir comes
+from the environment every worker inherits from `segserve serve` (SEGSERVE_RUN_DIR).
+"""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+REQUESTS_FOLDER = "profile-requests"
+RUN_DIR_ENV = "SEGSERVE_RUN_DIR"
+
+
+def request_path(run_dir: Path, model: str) -> Path:
+    return Path(run_dir) / REQUESTS_FOLDER / f"{model}.json"
+
+
+def claim(model: str) -> str | None:
+    """The trace path of a pending request for this model, taken by this worker; None when there is none."""
+    run_dir = os.environ.get(RUN_DIR_ENV)
+    if not run_dir or not model:
+        return None
+    pending = request_path(Path(run_dir), model)
+    if not pending.exists():
+        return None
+    taken = pending.with_name(f"{pending.stem}.taken-{os.getpid()}")
+    try:
+        os.rename(pending, taken)  # atomic: of several workers of the model, one gets it
+    except OSError:
+        return None
+    try:
+        return str(json.loads(taken.read_text())["trace"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        logger.warning("ignored profile request %s: %s", pending, error)
+        return None
+    finally:
+        taken.unlink(missing_ok=True)
+
+
+def traced(run, trace: str):
+    """run() under torch.profiler (CPU, shapes recorded); its Chrome trace written to `trace`."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as profiler:
+        result = run()
+    Path(trace).parent.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(trace)
+    logger.info("wrote a torch.profiler trace of one batch to %s", trace)
+    return result

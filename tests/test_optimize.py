@@ -1,0 +1,187 @@
+"""Model optimisations (#15): compiled networks at fixed batch buckets, int8 PT2E programs, the accuracy gate,
+`segserve optimize`, and the bench's optimize axis. Timings are never asserted: only what each variant answers."""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torchvision.io import encode_jpeg
+
+from handlers import optimize
+from handlers.segmentation import SegmentationHandler
+from segserve.accuracy import MAX_IOU_DROP, verdict
+from segserve.bench.render import header, status
+from segserve.bench.runner import validity
+from segserve.bench.schema import best
+from segserve.errors import RuntimeFailure
+from segserve.quantize import quantize_int8
+from segserve.synthetic import make_sample
+from segserve.worker_context import worker_context
+from tests.conftest import ROOT
+
+SMALL = {"input_height": 64, "input_width": 96}
+
+
+def test_batch_buckets_are_powers_of_two_up_to_the_largest_batch():
+    assert optimize.batch_buckets("compile", 8) == (1, 2, 4, 8)
+    assert optimize.batch_buckets("int8", 6) == (1, 2, 4, 6)
+    assert optimize.batch_buckets("eager", 8) == () and optimize.batch_buckets("ipex", 8) == ()
+    assert [optimize.padded_rows(n, (1, 2, 4, 6)) for n in (1, 3, 5, 6, 7)] == [1, 4, 6, 6, 7]
+    assert optimize.padded_rows(3, ()) == 3
+
+
+def test_an_unknown_optimisation_and_int8_at_another_precision_are_refused():
+    with pytest.raises(ValueError, match="optimize must be one of"):
+        optimize.optimise(torch.nn.Identity(), "tensorrt", torch.device("cpu"), torch.float32)
+    with pytest.raises(ValueError, match="use precision fp32"):
+        optimize.optimise(torch.nn.Identity(), "int8", torch.device("cpu"), torch.bfloat16)
+
+
+def test_the_accuracy_gate_marks_an_iou_drop_over_0_01_invalid_with_the_reason():
+    assert verdict({"iou": 0.970, "iou_eager": 0.975, "agreement": 0.99}) == (True, None)
+    valid, reason = verdict({"iou": 0.95, "iou_eager": 0.975, "agreement": 0.9})
+    assert not valid and "0.0250 below eager fp32's 0.9750" in reason and str(MAX_IOU_DROP) in reason
+
+
+def test_an_invalid_point_never_wins_and_the_report_says_why():
+    fast = {"run_id": "a", "throughput_rps": 300.0, "accurate": False, "invalid_reason": "IoU 0.9 is 0.07 below", "error": None}
+    slow = {"run_id": "b", "throughput_rps": 100.0, "error": None}
+    for record in (fast, slow):
+        record.update(validity(record))
+    assert fast["valid"] is False and slow["valid"] is True
+    assert best([fast, slow], {}, "throughput_rps") is slow
+    assert status(fast, slow, {}) == "✗ invalid (accuracy)"
+    failed = {"run_id": "c", "error": "RuntimeFailure: optimize ipex: intel_extension_for_pytorch is not importable"}
+    assert validity(failed) == {"valid": False, "invalid_reason": failed["error"]}
+
+
+@pytest.fixture(scope="module")
+def int8_program(tmp_path_factory, trained_weights) -> Path:
+    return quantize_int8(trained_weights, SMALL, tmp_path_factory.mktemp("int8") / "seg-int8.pt2", images=8)
+
+
+def test_int8_program_serves_batches_of_every_size_without_compiling_again(int8_program):
+    """The handler compiles its buckets at load; a real batch of any size then runs a compiled graph (dynamo guards
+    on the tensor's kind: a warm-up on the wrong kind of tensor left every real batch to compile again)."""
+    from torch._dynamo.utils import counters
+
+    handler = SegmentationHandler()
+    context = worker_context(int8_program.parent, {"optimize": "int8", **SMALL}, int8_program.name, rows=4)
+    handler.initialize(context)
+    assert handler.buckets == (1, 2, 4)
+    graphs = counters["stats"]["unique_graphs"]
+    bodies = [encode_jpeg(make_sample(seed, 64, 96)[0]).numpy().tobytes() for seed in range(4)]
+    for rows in (4, 3, 1, 2):
+        out = handler.handle([{"body": b} for b in bodies[:rows]], worker_context(None, {}, rows=rows))
+        assert len(out) == rows and all(isinstance(o, bytes) for o in out)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_an_int8_fused_archive_ships_the_quantised_program_and_a_longer_startup_timeout(tmp_path, trained_weights):
+    from segserve.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
+    from segserve.catalog import Catalog
+
+    catalog = Catalog(ROOT)
+    recipe = Recipe(catalog, trained_weights, tmp_path / "store", tmp_path / "staging", log=lambda _: None)
+    (tmp_path / "store").mkdir()
+    archive = recipe.fused_archive(catalog.dags["seg_jpeg"], "fused-int8", {"seg": {"optimize": "int8", **SMALL}}, {})
+    with zipfile.ZipFile(archive) as zipped:
+        manifest = json.loads(zipped.read("MAR-INF/MANIFEST.json"))
+        program = manifest["model"]["serializedFile"]
+        inside = zipfile.ZipFile(zipped.open(program)).namelist()
+        assert program.endswith(".pt2") and any(name.endswith("/archive_format") for name in inside)
+        assert yaml.safe_load(zipped.read(manifest["model"]["configFile"]))["startupTimeout"] == COMPILED_STARTUP_TIMEOUT_S
+        assert yaml.safe_load(zipped.read("nodes/seg.yaml"))["handler"]["optimize"] == "int8"
+
+
+def test_an_int8_archive_without_its_program_is_refused_at_load(trained_weights):
+    handler = SegmentationHandler()
+    context = worker_context(trained_weights.parent, {"optimize": "int8", **SMALL}, trained_weights.name, rows=1)
+    with pytest.raises(ValueError, match="needs a quantised program"):
+        handler.initialize(context)
+
+
+def test_a_model_that_cannot_be_quantised_names_the_step(tmp_path):
+    scripted = tmp_path / "scripted.pt"
+    torch.jit.script(torch.nn.Conv2d(3, 2, 1)).save(str(scripted))
+    with pytest.raises(RuntimeFailure, match=r"int8 quantisation of scripted.pt failed while \w+"):
+        quantize_int8(scripted, SMALL, tmp_path / "out.pt2", images=2)
+
+
+def segserve(*args: str, cwd: Path = ROOT, timeout_s: float = 900) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "segserve.cli", *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_segserve_optimize_measures_each_variant_against_eager_and_writes_the_best_valid_archive(trained_weights, tmp_path):
+    out = tmp_path / "seg_best.mar"
+    small = ["--input-size", "64x96", "--batch-size", "2", "--seconds", "0.6", "--weights", str(trained_weights)]
+    done = segserve("optimize", "--compile", "--quantize", "int8", "--json", "--out", str(out), *small)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(done.stdout)
+    assert [r["variant"] for r in rows] == ["eager", "compile", "int8"]
+    assert all(set(r) == {"variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason"} for r in rows)
+    eager = rows[0]
+    assert eager["agreement"] == 1.0 and eager["valid"] is True
+    for row in rows[1:]:
+        assert row["valid"] is True and row["reason"] is None and row["throughput_ips"] > 0 and row["latency_ms"] > 0
+        assert abs(row["iou"] - eager["iou"]) <= MAX_IOU_DROP and row["agreement"] > 0.95
+    chosen = max(rows, key=lambda r: r["throughput_ips"])
+    with zipfile.ZipFile(out) as archive:
+        manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+        config = yaml.safe_load(archive.read(manifest["model"]["configFile"]))
+    assert config["handler"]["optimize"] == chosen["variant"]
+    assert manifest["model"]["serializedFile"].endswith(".pt2") == (chosen["variant"] == "int8")
+    assert f"wrote {out}" in done.stderr + done.stdout
+
+
+def test_segserve_optimize_says_which_variant_failed_and_why(tmp_path):
+    scripted = tmp_path / "scripted.pt"
+    torch.jit.script(torch.nn.Conv2d(3, 2, 1)).save(str(scripted))
+    done = segserve("optimize", "--quantize", "int8", "--json", "--weights", str(scripted), "--input-size", "64x96", "--seconds", "0.3")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["variant"]: r for r in json.loads(done.stdout)}
+    assert rows["eager"]["valid"] is True
+    assert rows["int8"]["valid"] is False and "int8 quantisation of scripted.pt failed while" in rows["int8"]["reason"]
+    assert "int8 is invalid:" in done.stderr + done.stdout
+
+
+def test_segserve_optimize_refuses_a_missing_ipex_venv_in_one_line(tmp_path):
+    done = segserve("optimize", "--ipex", "--ipex-venv", str(tmp_path / "nothing"))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "make setup-ipex" in done.stderr
+
+
+@pytest.mark.integration
+def test_a_suite_sweeps_optimisations_scores_each_and_goes_on_past_one_that_cannot_run(tmp_path, trained_weights):
+    """int8 on a real TorchServe: measured, scored against eager fp32, its load time recorded; ipex in a Python
+    without it: failed before registering, invalid with the reason; the suite goes on."""
+    from segserve.cli import main
+
+    suite = tmp_path / "opt.yaml"
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "targets": ["seg"],
+                "inputs": [{"images": [str(ROOT / "samples" / "shapes_0.jpg")]}],
+                "grid": {"archive": {"optimize": ["eager", "int8", "ipex"], "batch_size": [4]}, "load": {"concurrency": [4]}},
+                "load": {"warmup_s": 0.5, "window_s": 1.0, "stable_windows": 2, "max_windows": 3, "stability_tolerance": 0.5},
+            }
+        )
+    )
+    assert main(["bench", str(suite), "--results", str(tmp_path / "results"), "--weights", str(trained_weights)]) == 0
+    (folder,) = (tmp_path / "results" / "opt").iterdir()
+    records = {r["optimize"]: r for r in map(json.loads, (folder / "summary.jsonl").read_text().splitlines())}
+    eager, int8, ipex = records["eager"], records["int8"], records["ipex"]
+    assert eager["valid"] is True and eager["error"] is None and eager.get("iou") is None  # the reference is not scored
+    assert int8["error"] is None and int8["valid"] is True and int8["requests_ok"] > 0 and int8["requests_failed"] == 0
+    assert abs(int8["iou"] - int8["iou_eager"]) <= MAX_IOU_DROP and int8["agreement"] > 0.95
+    assert int8["load_s"] > 0 and int8["bare_forward_ips"] > 0
+    assert ipex["valid"] is False and "intel_extension_for_pytorch is not importable" in ipex["invalid_reason"]
+    seg_table = (folder / "report.md").read_text().split("\n## seg\n")[-1]
+    assert header("iou") in seg_table and header("agreement") in seg_table and header("load_s") in seg_table
+    assert "intel_extension_for_pytorch is not importable" in seg_table  # under "Failed points"
