@@ -15,6 +15,11 @@ TABLE_METRICS = ["throughput_rps", "latency_p50_ms", "latency_p99_ms", "requests
 ACCURACY_METRICS = ["iou", "agreement", "load_s"]
 
 
+def exact(share: float | None) -> str | None:
+    """IoU and agreement to 4 decimals: the gate is 0.01, and 0.9997 is not 1."""
+    return None if share is None else f"{share:.4f}"
+
+
 def _time_outside(records: list[dict], targets: list[str]) -> str:
     rows = []
     for target in targets:
@@ -148,7 +153,7 @@ def write_report(
             {
                 "status": status(r, winners[target], constraints),
                 **{p: r.get(p) for p in ["run_id", *params]},
-                **{header(m): r.get(m) for m in metrics},
+                **{header(m): exact(r.get(m)) if m in ("iou", "agreement") else r.get(m) for m in metrics},
             }
             for r in sorted_best_first(measured, objective)
         ]
