@@ -2,7 +2,8 @@
 
 A request is a file <server run dir>/profile-requests/<model>.json holding {"trace": PATH}. Each batch, the
 worker looks for its model's file (one stat); the first worker of the model to rename it to its own name takes
-the request, runs that batch under torch.profiler and writes a Chrome trace JSON to PATH. The run dir comes
+the request, runs that batch under torch.profiler and writes a Chrome trace JSON to PATH (and beside it
+<model>.ops.txt: the batch's ops by their own CPU time). The run dir comes
 from the environment every worker inherits from `segserve serve` (SEGSERVE_RUN_DIR).
 """
 
@@ -48,7 +49,12 @@ def traced(run, trace: str):
     """run() under torch.profiler (CPU, shapes recorded); its Chrome trace written to `trace`."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as profiler:
         result = run()
-    Path(trace).parent.mkdir(parents=True, exist_ok=True)
-    profiler.export_chrome_trace(trace)
+    path = Path(trace)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ops = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+    path.with_name(path.name.replace(".trace.json", "") + ".ops.txt").write_text(ops)
+    partial = path.with_name(path.name + ".partial")
+    profiler.export_chrome_trace(str(partial))
+    os.replace(partial, path)  # whoever waits for the trace sees it whole
     logger.info("wrote a torch.profiler trace of one batch to %s", trace)
     return result

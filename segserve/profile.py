@@ -10,6 +10,7 @@ profiler's own cost: throughput in the sampled span against the spans just befor
 """
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from handlers.profiling import request_path
 from segserve.errors import RuntimeFailure, UsageError
 
 TOP_FUNCTIONS = 15
+LINE_NUMBER = re.compile(r":\d+\)$")
 TRACE_WAIT_S = 60
 
 
@@ -74,22 +76,43 @@ def finish_samplers(samplers, timeout_s: float) -> list[str]:
 
 
 def top_functions(raw_files: list[Path], limit: int = TOP_FUNCTIONS) -> list[dict]:
-    """Functions by self share of the samples (the leaf frame), with their total share (anywhere on the stack)."""
+    """Functions (lines of one function counted together) by own share of the samples (the leaf frame), with their
+    total share (anywhere on the stack)."""
     own, anywhere, samples = Counter(), Counter(), 0
+    for frames, count in _stacks(raw_files):
+        samples += count
+        own[frames[-1]] += count
+        for frame in set(frames):
+            anywhere[frame] += count
+    return [
+        {"function": frame, "self_pct": _pct(n, samples), "total_pct": _pct(anywhere[frame], samples), "samples": n}
+        for frame, n in own.most_common(limit)
+    ]
+
+
+def handler_costs(raw_files: list[Path], limit: int = TOP_FUNCTIONS) -> list[dict]:
+    """Where the worker's time goes in segserve's own code: each sample counted for the innermost frame in
+    handlers/ (what a torch op or codec was called from); samples outside (TorchServe's loop) as their leaf."""
+    cost, samples = Counter(), 0
+    for frames, count in _stacks(raw_files):
+        samples += count
+        ours = [frame for frame in frames if "(handlers/" in frame]
+        cost[ours[-1] if ours else f"outside handlers: {frames[-1]}"] += count
+    return [{"function": frame, "pct": _pct(n, samples), "samples": n} for frame, n in cost.most_common(limit)]
+
+
+def _stacks(raw_files: list[Path]):
+    """(frames, count) of py-spy's raw collapsed stacks, each frame `function (file)` without its line number."""
     for path in raw_files:
         for line in path.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
-            if not stack or not count.isdigit():
-                continue
-            frames = [frame for frame in stack.split(";") if frame]
-            samples += int(count)
-            own[frames[-1]] += int(count)
-            for frame in set(frames):
-                anywhere[frame] += int(count)
-    return [
-        {"function": frame, "self_pct": round(100 * n / samples, 1), "total_pct": round(100 * anywhere[frame] / samples, 1), "samples": n}
-        for frame, n in own.most_common(limit)
-    ]
+            frames = [LINE_NUMBER.sub(")", frame) for frame in stack.split(";") if frame]
+            if frames and count.isdigit():
+                yield frames, int(count)
+
+
+def _pct(part: int, whole: int) -> float:
+    return round(100 * part / whole, 1) if whole else 0.0
 
 
 def request_traces(run_dir: Path, models: list[str], out: Path) -> dict[str, Path]:
@@ -147,7 +170,8 @@ def profile(
         "rate_hz": rate_hz,
         "flame_graphs": sorted(p.name for p in out.glob("*.svg")),
         "traces": sorted(p.name for p in traces.values() if p.exists()),
-        "top_functions": {model: top_functions([p for p in out.glob(f"{model}-*.txt")]) for model in pids},
+        "top_functions": {model: top_functions(list(out.glob(f"{model}-*.txt"))) for model in pids},
+        "handler_costs": {model: handler_costs(list(out.glob(f"{model}-*.txt"))) for model in pids},
         "errors": errors,
     }
     if result is not None:
@@ -174,9 +198,13 @@ def render(summary: dict) -> str:
             f"Throughput {rates['before']} req/s before, {rates['sampled']} while sampled, {rates['after']} after: "
             f"the profiler's cost {summary['profiler_cost_pct']}% ({summary['requests_failed']} failed request(s)).",
         ]
+    for model, rows in summary["handler_costs"].items():
+        lines += ["", f"## {model}: where the time goes in segserve's handlers", "", render_table(rows) if rows else "(no samples)"]
+        lines += ["", "Each sample counted for the innermost handlers/ frame on its stack (the op or codec it called runs inside)."]
     for model, rows in summary["top_functions"].items():
         lines += ["", f"## {model}: top functions by own samples", "", render_table(rows) if rows else "(no samples)"]
-    lines += ["", "Flame graphs: " + ", ".join(summary["flame_graphs"]), "", "torch.profiler traces (chrome://tracing, Perfetto): "]
+    lines += ["", "Flame graphs: " + ", ".join(summary["flame_graphs"]), "", "torch.profiler traces (chrome://tracing, Perfetto; "]
+    lines[-1] += "*.ops.txt: the batch's ops by own CPU time): "
     lines[-1] += ", ".join(summary["traces"]) or "none"
     if summary["errors"]:
         lines += ["", "Errors:", "", *(f"- {e}" for e in summary["errors"])]

@@ -5,19 +5,33 @@ import json
 import pytest
 
 from segserve.cli import main
-from segserve.profile import profile, top_functions
+from segserve.profile import handler_costs, profile, top_functions
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
 
 
-def test_top_functions_count_own_and_total_samples(tmp_path):
+def test_top_functions_count_own_and_total_samples_per_function(tmp_path):
     raw = tmp_path / "w.txt"
-    raw.write_text("main (a.py:1);forward (b.py:2);conv (c.py:3) 6\nmain (a.py:1);encode (d.py:4) 3\nmain (a.py:1) 1\n")
+    raw.write_text(
+        "main (a.py:1);forward (b.py:2);conv (c.py:3) 4\nmain (a.py:1);forward (b.py:2);conv (c.py:9) 2\n"
+        "main (a.py:1);encode (d.py:4) 3\nmain (a.py:1) 1\n"
+    )
     rows = {r["function"]: r for r in top_functions([raw])}
-    assert rows["conv (c.py:3)"]["self_pct"] == 60.0 and rows["conv (c.py:3)"]["total_pct"] == 60.0
-    assert rows["main (a.py:1)"]["self_pct"] == 10.0 and rows["main (a.py:1)"]["total_pct"] == 100.0
-    assert list(rows)[0] == "conv (c.py:3)"
+    assert rows["conv (c.py)"]["self_pct"] == 60.0 and rows["conv (c.py)"]["total_pct"] == 60.0  # its two lines together
+    assert rows["main (a.py)"]["self_pct"] == 10.0 and rows["main (a.py)"]["total_pct"] == 100.0
+    assert list(rows)[0] == "conv (c.py)"
+
+
+def test_handler_costs_name_the_innermost_handler_frame(tmp_path):
+    raw = tmp_path / "w.txt"
+    raw.write_text(
+        "loop (ts/x.py:1);handle (handlers/base.py:5);fill (handlers/segmentation.py:7);interpolate (torch/f.py:2) 3\n"
+        "loop (ts/x.py:1);handle (handlers/base.py:5);encode (handlers/jpeg.py:9);__call__ (torch/_ops.py:1) 1\n"
+        "loop (ts/x.py:1);recv (ts/y.py:3) 1\n"
+    )
+    rows = {r["function"]: r["pct"] for r in handler_costs([raw])}
+    assert rows == {"fill (handlers/segmentation.py)": 60.0, "encode (handlers/jpeg.py)": 20.0, "outside handlers: recv (ts/y.py)": 20.0}
 
 
 def test_profile_samples_every_worker_of_a_workflow_and_traces_each_node(server, tmp_path):
@@ -33,7 +47,9 @@ def test_profile_samples_every_worker_of_a_workflow_and_traces_each_node(server,
         assert (folder / f"{model}-{pids[0]}.svg").read_text().lstrip().startswith("<?xml")
         trace = json.loads((folder / f"{model}.trace.json").read_text())
         assert trace["traceEvents"], model
+        assert "Self CPU" in (folder / f"{model}.ops.txt").read_text()
         assert summary["top_functions"][model] and sum(r["self_pct"] for r in summary["top_functions"][model]) <= 100.5
+        assert any("(handlers/" in r["function"] for r in summary["handler_costs"][model])
     assert set(summary["workers"]) == {"seg_jpeg__seg", "seg_jpeg__jpeg"}
     assert all(rate > 0 for rate in summary["throughput_rps"].values()) and summary["requests_failed"] == 0
     assert summary["profiler_cost_pct"] is not None
