@@ -151,9 +151,11 @@ def test_segserve_optimize_says_which_variant_failed_and_why(tmp_path):
     assert "int8 is invalid:" in done.stderr + done.stdout
 
 
-def test_segserve_optimize_refuses_a_missing_ipex_venv_in_one_line(tmp_path):
+def test_segserve_optimize_refuses_a_missing_ipex_venv_or_a_bad_out_in_one_line_before_measuring(tmp_path):
     done = segserve("optimize", "--ipex", "--ipex-venv", str(tmp_path / "nothing"))
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "make setup-ipex" in done.stderr
+    done = segserve("optimize", "--compile", "--out", str(tmp_path / "best.zip"))
+    assert done.returncode == 2 and "ending in .mar" in done.stderr and "measuring" not in done.stderr
 
 
 @pytest.mark.integration
