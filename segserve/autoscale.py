@@ -1,0 +1,119 @@
+"""The autoscaler's decisions (#16, first part): from what each node of a served DAG did in the last interval,
+which worker to move between its nodes, within a core budget. Pure functions of the samples, so recorded
+metric sequences test them without a server; reading Prometheus and /proc and calling the management API is
+the control loop's job (not written yet).
+
+A node's load is the cores it would use to keep up: the cores its workers used (/proc), scaled up by how far
+its queue says it is behind (a node whose requests wait as long again as they are served needs about twice
+its cores). Workers follow the loads: the budget's cores split in proportion to them (largest remainder,
+each node within its min/max), one worker moved at a time, the new worker started before the old one stops
+(scale up before scaling down), only when the loaded node's share of the load exceeds its share of the
+workers by the hysteresis, and never sooner than min_interval_s after the last move.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    """What one node (a registered model, e.g. seg_jpeg__seg) did over the last interval."""
+
+    node: str
+    workers: int
+    cpu_cores: float  # cores its workers used (CPU seconds per second, /proc)
+    queue_ms: float  # mean wait in TorchServe's queue
+    handler_ms: float  # mean time a request spent in the handler
+
+
+@dataclass(frozen=True)
+class Bounds:
+    min_workers: int = 1
+    max_workers: int = 64
+
+
+@dataclass(frozen=True)
+class Policy:
+    budget_cores: int  # workers of all nodes together (one core's worth each: the thread rule shares the rest)
+    hysteresis: float = 0.2  # share of the load minus share of the workers before a move
+    min_interval_s: float = 15.0
+    min_queue_ms: float = 5.0  # below this a node is keeping up, whatever its share
+
+
+@dataclass
+class Decision:
+    time_s: float
+    loads: dict[str, float]
+    current: dict[str, int]
+    target: dict[str, int]
+    steps: list[tuple[str, int]] = field(default_factory=list)  # (node, workers), in order: up first, then down
+    reason: str = ""
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def load_cores(sample: NodeSample) -> float:
+    """Cores the node would use to keep up: what it used, times (wait + service) / service when it queues."""
+    used = max(sample.cpu_cores, 0.01 * sample.workers)  # an idle node still holds a little
+    behind = 1 + sample.queue_ms / sample.handler_ms if sample.handler_ms > 0 else 1
+    return used * behind
+
+
+def split(loads: dict[str, float], bounds: dict[str, Bounds], budget: int) -> dict[str, int]:
+    """Workers per node in proportion to the loads: each node's minimum first, the rest by largest remainder,
+    never above a node's maximum."""
+    target = {node: bounds[node].min_workers for node in loads}
+    if sum(target.values()) > budget:
+        raise ValueError(f"the nodes' minimum workers ({sum(target.values())}) exceed the budget of {budget} cores")
+    total = sum(loads.values()) or 1.0
+    for _ in range(budget - sum(target.values())):
+        room = [n for n in loads if target[n] < bounds[n].max_workers]
+        if not room:
+            break
+        # the node furthest below its fair share of the budget gets the next worker
+        node = max(room, key=lambda n: budget * loads[n] / total - target[n])
+        target[node] += 1
+    return target
+
+
+def decide(samples: list[NodeSample], bounds: dict[str, Bounds], policy: Policy, now_s: float, last_move_s: float | None) -> Decision:
+    """The next move (Decision.steps), or none with the reason."""
+    loads = {s.node: load_cores(s) for s in samples}
+    current = {s.node: s.workers for s in samples}
+    queue = {s.node: s.queue_ms for s in samples}
+    target = split(loads, bounds, policy.budget_cores)
+    decision = Decision(now_s, {n: round(v, 3) for n, v in loads.items()}, current, target)
+    if target == current:
+        decision.reason = "balanced: the workers already follow the loads"
+        return decision
+    if last_move_s is not None and now_s - last_move_s < policy.min_interval_s:
+        decision.reason = f"waiting: {now_s - last_move_s:.0f}s since the last move (minimum {policy.min_interval_s:.0f}s)"
+        return decision
+    total_load, total_workers = sum(loads.values()) or 1.0, sum(current.values())
+    grow = max(
+        (n for n in target if target[n] > current[n]), key=lambda n: loads[n] / total_load - current[n] / total_workers, default=None
+    )
+    shrink = max(
+        (n for n in target if target[n] < current[n]), key=lambda n: current[n] / total_workers - loads[n] / total_load, default=None
+    )
+    if grow is None:  # only fewer workers: over the budget, or a node's maximum went down
+        decision.steps = [(shrink, current[shrink] - 1)]
+        decision.reason = f"{shrink} gives a worker back ({total_workers} workers, budget {policy.budget_cores})"
+        return decision
+    gap = loads[grow] / total_load - current[grow] / total_workers
+    if queue[grow] < policy.min_queue_ms:
+        decision.reason = f"holding: {grow} is keeping up (queue {queue[grow]:.1f} ms < {policy.min_queue_ms} ms)"
+        return decision
+    if gap < policy.hysteresis:
+        decision.reason = f"holding: {grow}'s share of the load is {gap:.2f} above its share of the workers (< {policy.hysteresis})"
+        return decision
+    decision.steps = [(grow, current[grow] + 1)]  # the new worker first: capacity never dips below what it was
+    over_budget = total_workers + 1 > policy.budget_cores
+    if shrink is not None and over_budget:
+        decision.steps.append((shrink, current[shrink] - 1))
+    moved = f", from {shrink}" if len(decision.steps) == 2 else ""
+    decision.reason = (
+        f"{grow} takes a worker{moved}: {math.ceil(100 * gap)}% more of the load than of the workers, queue {queue[grow]:.0f} ms"
+    )
+    return decision
