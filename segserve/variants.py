@@ -133,6 +133,8 @@ def print_table(rows: list[dict], batch_size: int) -> None:
     eager = rows[0]["throughput_ips"]
     for row in rows:
         row["vs_eager"] = round(row["throughput_ips"] / eager, 2) if row["throughput_ips"] and eager else None
+        for share in ("iou", "agreement"):  # to 4 decimals: the gate is 0.01, and 0.9997 is not 1
+            row[share] = None if row[share] is None else f"{row[share]:.4f}"
     columns = ["variant", "throughput_ips", "vs_eager", "latency_ms", "iou", "agreement", "load_s", "valid", "reason"]
     print(f"\nforward at batch {batch_size} (throughput) and batch 1 (latency); accuracy against eager fp32 on held-out images")
     print(render_table(rows, columns))
