@@ -187,3 +187,12 @@ def test_a_suite_sweeps_optimisations_scores_each_and_goes_on_past_one_that_cann
     seg_table = (folder / "report.md").read_text().split("\n## seg\n")[-1]
     assert header("iou") in seg_table and header("agreement") in seg_table and header("load_s") in seg_table
     assert "intel_extension_for_pytorch is not importable" in seg_table  # under "Failed points"
+
+
+def test_segserve_optimize_prints_a_table_with_accuracy_to_four_decimals(trained_weights):
+    done = segserve("optimize", "--input-size", "64x96", "--batch-size", "2", "--seconds", "0.3", "--weights", str(trained_weights))
+    assert done.returncode == 0, done.stderr[-2000:]
+    header, _, eager = done.stdout.strip().splitlines()[-3:]
+    assert header.split("|")[1:6] == [" variant ", " throughput_ips ", " vs_eager ", " latency_ms ", " iou "]
+    cells = [c.strip() for c in eager.split("|")[1:-1]]
+    assert cells[0] == "eager" and cells[2] == "1.0" and len(cells[4].split(".")[1]) == 4 and cells[5] == "1.0000"
