@@ -183,10 +183,19 @@ def cmd_pin(args) -> int:
         raise UsageError("--cores, --frontend-cores, --dag and --out go with --plan-from, not --show")
     from segserve.pinning import live_affinity
 
-    rows = live_affinity(_server(args))
+    server = _server(args)
+    rows = live_affinity(server)
     print(f"{'model':24s} {'pid':>8s}  cpus")
     for row in rows:
         print(f"{row['model']:24s} {row['pid']:>8d}  {row['cpus']}")
+    from segserve.autoscaler import last_decisions
+
+    decisions = last_decisions(server.run_dir)
+    if decisions:
+        print("\nautoscaler, last decisions:")
+        for decision in decisions:
+            move = ", ".join(f"{model} → {workers}" for model, workers in decision["move"]) or "no move"
+            print(f"{decision['time']}  {move}: {decision['why']}" + (f" (failed: {decision['error']})" if decision["error"] else ""))
     return 0
 
 
@@ -304,6 +313,32 @@ def cmd_profile(args) -> int:
     return 1 if summary["errors"] else 0
 
 
+def cmd_autoscale(args) -> int:
+    import yaml
+
+    from segserve.autoscale import Policy
+    from segserve.autoscaler import Autoscaler, core_budget, node_bounds
+
+    budget = core_budget(args.cores)
+    if args.interval_s <= 0:
+        raise UsageError(f"--interval-s must be positive (got {args.interval_s})")
+    known = catalog()
+    if args.dag not in known.dags:
+        raise UsageError(unknown("DAG", args.dag, sorted(known.dags)))
+    dag, target = known.dags[args.dag], known.target(args.dag)
+    spec = yaml.safe_load(dag.spec_path.read_text())
+    bounds = node_bounds(spec.get("models", {}), {node.name: target.registered(node.name) for node in target.nodes})
+    policy = Policy(budget_cores=budget, min_interval_s=args.min_interval_s)
+    server = _server(args)
+    scaler = Autoscaler(server, bounds, policy, server.run_dir, dry_run=args.dry_run)
+    print(f"autoscaling {', '.join(bounds)} within {budget} core(s), every {args.interval_s:.0f}s" + (" (dry run)" if args.dry_run else ""))
+    try:
+        scaler.run(args.interval_s, args.intervals)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def cmd_export(args) -> int:
     from segserve.bench.export import export
 
@@ -403,6 +438,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--images", nargs="+", default=["samples"], help="--connections: request bodies (default: samples/)")
     p.add_argument("--out", default="results/profiles", help="profiles go to OUT/<UTC>/ (default: results/profiles)")
     p.set_defaults(run=cmd_profile)
+
+    p = sub.add_parser(
+        "autoscale", parents=[common], help="move workers between a served DAG's nodes as the load moves, within a core budget"
+    )
+    p.add_argument("--cores", help="the budget: N cores, or a list like 0-3,6 (default: every core available)")
+    p.add_argument("--interval-s", type=float, default=5.0, help="seconds between decisions (default: 5)")
+    p.add_argument("--min-interval-s", type=float, default=15.0, help="at least this long between two moves (default: 15)")
+    p.add_argument("--dry-run", action="store_true", help="decide and log, change nothing")
+    p.add_argument("--dag", default=DEFAULT_DAG, help=f"the served workflow whose nodes it scales (default: {DEFAULT_DAG})")
+    p.add_argument("--intervals", type=int, help="stop after this many decisions (default: run until interrupted)")
+    p.set_defaults(run=cmd_autoscale)
 
     p = sub.add_parser("pin", parents=[common], help="show live CPU affinity (--show), or write a core plan from bench results")
     what = p.add_mutually_exclusive_group(required=True)

@@ -1,8 +1,12 @@
 """The autoscaler's decisions on recorded metric sequences (#16): no server, no timing."""
 
+import os
+
 import pytest
 
 from segserve.autoscale import Bounds, NodeSample, Policy, decide, split
+from segserve.autoscaler import Autoscaler, core_budget, last_decisions, node_bounds, samples_between
+from segserve.errors import RuntimeFailure, UsageError
 
 SEG, JPEG = "seg_jpeg__seg", "seg_jpeg__jpeg"
 BOUNDS = {SEG: Bounds(1, 3), JPEG: Bounds(1, 3)}
@@ -85,3 +89,96 @@ def test_every_decision_says_why_and_serialises():
     assert too_soon.steps == [] and too_soon.reason == "waiting: 5s since the last move (minimum 15s)"
     balanced = decide(jpeg_heavy(1, 3), BOUNDS, Policy(budget_cores=4), 50.0, 0.0)
     assert balanced.steps == [] and balanced.reason.startswith("balanced")
+
+
+# The control loop (segserve/autoscaler.py) against a stand-in for the server: its reads and its calls.
+class FakeServer:
+    def __init__(self, workers: dict[str, int], refuse: bool = False):
+        self.workers, self.refuse, self.calls = dict(workers), refuse, []
+        self.counters = {}
+
+    def workflow_nodes(self):
+        return sorted(self.workers)
+
+    def describe(self, model):
+        return {"workers": [{"pid": os.getpid(), "status": "READY"} for _ in range(self.workers[model])]}
+
+    def url(self, api):
+        return "http://127.0.0.1:1"
+
+    def scale(self, model, workers):
+        self.calls.append((model, workers))
+        if self.refuse:
+            raise RuntimeFailure(f"scaling {model} to {workers} worker(s) failed: HTTP 500 ConcurrentModificationException")
+        self.workers[model] = workers
+
+    def wait_ready(self, model):
+        self.calls.append(("ready", model))
+
+
+@pytest.fixture
+def no_metrics(monkeypatch):
+    """The stand-in has no /metrics: each test gives the loop its samples."""
+    monkeypatch.setattr("segserve.autoscaler.scrape", lambda url: {})
+
+
+def counters(seg_requests, jpeg_requests, seg_queue_us, jpeg_queue_us, stage_ms):
+    values = {}
+    for model, served, queue_us in ((SEG, seg_requests, seg_queue_us), (JPEG, jpeg_requests, jpeg_queue_us)):
+        values[("SegserveRequests", model)] = served
+        values[("ts_queue_latency_microseconds", model)] = queue_us
+        values[("SegservePredictMs", model)] = stage_ms * served
+    return values
+
+
+def test_samples_between_two_reads_are_per_request_means_and_cores(monkeypatch):
+    before = {"time": 10.0, "counters": counters(100, 100, 0, 0, 0), "workers": {SEG: [1], JPEG: [2, 3]}, "cpu": {1: 5.0, 2: 1.0, 3: 1.0}}
+    after = {
+        "time": 15.0,
+        "counters": counters(150, 150, 50 * 4000, 50 * 90_000, 0),
+        "workers": {SEG: [1], JPEG: [2, 3]},
+        "cpu": {1: 9.0, 2: 4.0, 3: 4.5},
+    }
+    after["counters"][("SegservePredictMs", SEG)] = 50 * 20.0
+    seg, jpeg = samples_between(before, after, [SEG, JPEG])
+    assert seg == NodeSample(SEG, 1, 0.8, 4.0, 20.0)
+    assert jpeg.workers == 2 and jpeg.cpu_cores == 1.3 and jpeg.queue_ms == 90.0
+
+
+def test_the_loop_scales_up_before_down_and_logs_every_decision(tmp_path, monkeypatch, no_metrics):
+    server = FakeServer({SEG: 2, JPEG: 2})
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_cores=4, min_interval_s=0), tmp_path)
+    monkeypatch.setattr(scaler.meter, "samples", lambda: jpeg_heavy(server.workers[SEG], server.workers[JPEG]))
+    record = scaler.step()
+    assert server.calls == [(JPEG, 3), ("ready", JPEG), (SEG, 1), ("ready", SEG)]
+    assert record["applied"] is True and record["move"] == [(JPEG, 3), (SEG, 1)] and "takes a worker" in record["why"]
+    logged = last_decisions(tmp_path)
+    assert len(logged) == 1 and logged[0]["metrics"][1]["node"] == JPEG and logged[0]["move"] == [[JPEG, 3], [SEG, 1]]
+
+
+def test_a_refusing_management_api_changes_nothing_more_and_is_logged(tmp_path, monkeypatch, no_metrics):
+    server = FakeServer({SEG: 2, JPEG: 2}, refuse=True)
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_cores=4, min_interval_s=0), tmp_path)
+    monkeypatch.setattr(scaler.meter, "samples", lambda: jpeg_heavy(2, 2))
+    record = scaler.step()
+    assert server.calls == [(JPEG, 3)]  # the scale-down never followed a refused scale-up
+    assert record["applied"] is False and "ConcurrentModificationException" in record["error"]
+
+
+def test_dry_run_decides_without_calls_and_a_missing_node_is_one_line(tmp_path, monkeypatch, no_metrics):
+    server = FakeServer({SEG: 2, JPEG: 2})
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_cores=4, min_interval_s=0), tmp_path, dry_run=True)
+    monkeypatch.setattr(scaler.meter, "samples", lambda: jpeg_heavy(2, 2))
+    assert scaler.step()["move"] and server.calls == []
+    with pytest.raises(RuntimeFailure, match="not registered on the server from .*: seg_jpeg__jpeg"):
+        Autoscaler(FakeServer({SEG: 1}), BOUNDS, Policy(budget_cores=2), tmp_path)
+
+
+def test_a_budget_larger_than_the_machine_is_refused():
+    with pytest.raises(UsageError, match="this machine lets us use"):
+        core_budget(str(len(os.sched_getaffinity(0)) + 1))
+    assert core_budget(None) == len(os.sched_getaffinity(0))
+    assert node_bounds({"seg": {"min-workers": 1, "max-workers": 3}}, {"seg": SEG, "jpeg": JPEG}) == {
+        SEG: Bounds(1, 3),
+        JPEG: Bounds(1, 64),
+    }

@@ -1,0 +1,150 @@
+"""The autoscaler's control loop (#16): beside a running segserve server, every interval read what each node of a
+served DAG did (TorchServe's Prometheus counters and the handlers' own, the workers' CPU from /proc), decide
+(segserve/autoscale.py) and apply the move through the management API, the new worker first. Every decision
+is one JSON line in <run dir>/autoscale.jsonl (time, what it saw, the move, why, whether it was applied).
+
+The loop runs in its own process: if it dies, TorchServe keeps serving with the workers it last set.
+"""
+
+import json
+import os
+import time
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+
+from segserve.autoscale import Bounds, NodeSample, Policy, decide
+from segserve.bench.server_metrics import HANDLER_PREFIX, scrape
+from segserve.errors import RuntimeFailure, UsageError
+
+DECISIONS_FILE = "autoscale.jsonl"
+STAGE_COUNTERS = ("SegserveDecodeMs", "SegservePredictMs", "SegserveEncodeMs")
+
+
+def core_budget(cores: str | None) -> int:
+    """--cores N or a list like 0-3,6 (its size); refused when larger than the cores this process may use."""
+    available = len(os.sched_getaffinity(0))
+    if cores is None:
+        return available
+    from segserve.pinning import parse_cores
+
+    try:
+        budget = int(cores) if cores.strip().isdigit() else len(parse_cores(cores))
+    except ValueError as error:
+        raise UsageError(f"--cores {cores}: {error}") from None
+    if not 1 <= budget <= available:
+        raise UsageError(f"--cores {cores}: a budget of {budget} core(s) but this machine lets us use {available}")
+    return budget
+
+
+def node_bounds(spec_models: dict, nodes: dict[str, str]) -> dict[str, Bounds]:
+    """Per registered node model, min/max workers from the workflow YAML's `models:` (min-workers, max-workers)."""
+    bounds = {}
+    for node, model in nodes.items():
+        given = spec_models.get(node) or {}
+        bounds[model] = Bounds(int(given.get("min-workers", 1)), int(given.get("max-workers", 64)))
+    return bounds
+
+
+class Meter:
+    """Per-node deltas between two reads: requests served, queue and handler time, workers' CPU."""
+
+    def __init__(self, server, models: list[str]):
+        self.server, self.models = server, models
+        self.last = self.read()
+
+    def read(self) -> dict:
+        workers = {}
+        for model in self.models:
+            described = self.server.describe(model).get("workers", [])
+            workers[model] = [int(w["pid"]) for w in described if int(w.get("pid") or -1) > 0]
+        cpu = {}
+        for pids in workers.values():
+            for pid in pids:
+                try:
+                    times = psutil.Process(pid).cpu_times()
+                    cpu[pid] = times.user + times.system
+                except psutil.Error:
+                    pass
+        return {"time": time.monotonic(), "counters": scrape(self.server.url("metrics")), "workers": workers, "cpu": cpu}
+
+    def samples(self) -> list[NodeSample]:
+        now = self.read()
+        before, self.last = self.last, now
+        return samples_between(before, now, self.models)
+
+
+def samples_between(before: dict, after: dict, models: list[str]) -> list[NodeSample]:
+    interval_s = max(after["time"] - before["time"], 1e-6)
+    found = []
+    for model in models:
+
+        def delta(counter: str, model: str = model) -> float:
+            return after["counters"].get((counter, model), 0.0) - before["counters"].get((counter, model), 0.0)
+
+        served = delta(f"{HANDLER_PREFIX}Requests")
+        cpu_s = sum(after["cpu"].get(pid, 0.0) - before["cpu"].get(pid, 0.0) for pid in after["workers"][model])
+        found.append(
+            NodeSample(
+                node=model,
+                workers=len(after["workers"][model]),
+                cpu_cores=round(cpu_s / interval_s, 3),
+                queue_ms=round(delta("ts_queue_latency_microseconds") / served / 1000, 2) if served else 0.0,
+                handler_ms=round(sum(delta(c) for c in STAGE_COUNTERS) / served, 2) if served else 0.0,
+            )
+        )
+    return found
+
+
+class Autoscaler:
+    def __init__(self, server, bounds: dict[str, Bounds], policy: Policy, run_dir: Path, dry_run: bool = False, log=print):
+        registered = set(server.workflow_nodes())
+        missing = sorted(set(bounds) - registered)
+        if missing:
+            raise RuntimeFailure(f"not registered on the server from {run_dir}: {', '.join(missing)} (serve the workflow first)")
+        self.server, self.bounds, self.policy, self.dry_run, self.log = server, bounds, policy, dry_run, log
+        self.decisions = Path(run_dir) / DECISIONS_FILE
+        self.meter = Meter(server, list(bounds))
+        self.last_move_s: float | None = None
+
+    def step(self) -> dict:
+        samples = self.meter.samples()
+        decision = decide(samples, self.bounds, self.policy, time.monotonic(), self.last_move_s)
+        record = {
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "metrics": [asdict(s) for s in samples],
+            "move": decision.steps,
+            "target": decision.target,
+            "why": decision.reason,
+            "applied": False,
+            "error": None,
+        }
+        if decision.steps and not self.dry_run:
+            try:
+                for model, workers in decision.steps:  # in order: the new worker ready before one goes
+                    self.server.scale(model, workers)
+                    self.server.wait_ready(model)
+                record["applied"] = True
+                self.last_move_s = time.monotonic()
+            except RuntimeFailure as error:  # the management API refused: said, nothing more changed by us
+                record["error"] = str(error).splitlines()[0]
+        with open(self.decisions, "a") as out:
+            out.write(json.dumps(record) + "\n")
+        self.log(f"{record['time']} {decision.reason}" + (f" — {record['error']}" if record["error"] else ""))
+        return record
+
+    def run(self, interval_s: float, intervals: int | None = None) -> None:
+        done = 0
+        while intervals is None or done < intervals:
+            time.sleep(interval_s)
+            self.step()
+            done += 1
+
+
+def last_decisions(run_dir: Path, count: int = 5) -> list[dict]:
+    path = Path(run_dir) / DECISIONS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()[-count:]]
