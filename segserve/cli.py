@@ -111,10 +111,38 @@ def cmd_serve(args) -> int:
         from segserve.archive_store import fetch
 
         server.model_store = fetch(args.model_store, Path(args.run_dir).resolve() / "model_store", args.endpoint_url)
+    workflows = [t.name for t in targets if t.kind == "workflow"]
+    if args.autoscale and not workflows:
+        raise UsageError("--autoscale moves workers between a workflow's nodes: serve one (--targets seg_jpeg)")
     start_pipeline(server, targets)
     endpoints = ", ".join(t.endpoint for t in targets)
     print(f"serving {endpoints} at {server.url('inference')}; stop with `segserve serve --stop`")
+    if args.autoscale:
+        pid = start_autoscaler(server, args, workflows[0])
+        print(f"autoscaling {workflows[0]}'s nodes (pid {pid}): decisions in {server.run_dir / 'autoscale.jsonl'}, `segserve pin --show`")
     return 0
+
+
+def start_autoscaler(server, args, dag: str) -> int:
+    """`segserve autoscale` beside the server, in a session of its own and marked as the server's process (the
+    run dir in its environment), so that `serve --stop` stops it with the server; it dies alone otherwise."""
+    import os
+    import subprocess
+
+    from segserve.processes import MARKER
+
+    command = [sys.executable, "-m", "segserve.cli", "autoscale", "--run-dir", str(server.run_dir), "--config", args.config, "--dag", dag]
+    log = open(server.run_dir / "logs" / "autoscale.log", "a")  # noqa: SIM115 (the child keeps it)
+    child = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, MARKER: str(server.run_dir.resolve())},
+    )
+    log.close()
+    return child.pid
 
 
 def image_files(given_paths: list[str]) -> list[Path]:
@@ -391,6 +419,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (see README)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
     p.add_argument("--endpoint-url", help="--model-store s3://…: the S3 endpoint (default: AWS's)")
+    p.add_argument("--autoscale", action="store_true", help="also run `segserve autoscale` on the served workflow (stopped by --stop)")
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("predict", parents=[common], help="send images through the pipeline, save the JPEGs")

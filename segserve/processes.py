@@ -78,6 +78,8 @@ def role(process: psutil.Process) -> str:
         return "worker"
     if "segserve.processes" in cmdline:  # before "torchserve": the launcher's command is part of its own
         return "log capture"
+    if "autoscale" in cmdline:
+        return "autoscaler"
     return "launcher" if "torchserve" in cmdline else "other"
 
 
@@ -93,7 +95,7 @@ def summary(processes: list[psutil.Process]) -> str:
     parts = [f"frontend pid {pid}" for name, pid in roles if name == "frontend"]
     workers = sum(name == "worker" for name, _ in roles)
     parts.append(f"{workers} worker{'s' * (workers != 1)}")
-    parts += [f"{name} pid {pid}" for name, pid in roles if name in ("launcher", "other")]
+    parts += [f"{name} pid {pid}" for name, pid in roles if name in ("launcher", "autoscaler", "other")]
     return f"{', '.join(parts)} (process group {process_group(processes)})"
 
 

@@ -1,0 +1,47 @@
+"""The autoscaler on a real TorchServe (#16): a phase of large photos makes it give the jpeg node a worker, and
+no request fails while it moves. The budget is set above this 2-core machine's on purpose: with one worker
+per node at least, two cores leave nothing to move (the CLI refuses such a budget)."""
+
+import time
+
+import pytest
+from torchvision.io import encode_jpeg
+
+from segserve.autoscale import Bounds, Policy
+from segserve.autoscaler import Autoscaler
+from segserve.catalog import Catalog
+from segserve.profile import Background
+from segserve.synthetic import make_sample
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.integration
+SEG, JPEG = "seg_jpeg__seg", "seg_jpeg__jpeg"
+
+
+def test_a_phase_of_large_photos_moves_a_worker_to_jpeg_and_no_request_fails(server, tmp_path):
+    target = Catalog(ROOT).target("seg_jpeg")
+    small = [(ROOT / "samples" / "shapes_0.jpg").read_bytes()]
+    large = [encode_jpeg(make_sample(seed, 1080, 1920)[0], quality=90).numpy().tobytes() for seed in (1, 2)]
+    bounds = {SEG: Bounds(1, 2), JPEG: Bounds(1, 2)}
+    policy = Policy(budget_cores=3, min_interval_s=4, hysteresis=0.1, min_queue_ms=1)
+    scaler = Autoscaler(server, bounds, policy, tmp_path)
+    records, results = [], []
+    try:
+        for phase, bodies, seconds in (("small", small, 8), ("large", large, 20)):
+            load = Background(server, target, bodies, 6, seconds + 60)
+            load.start()
+            started = time.monotonic()
+            while time.monotonic() - started < seconds:
+                time.sleep(2)
+                records.append({**scaler.step(), "phase": phase})
+                if phase == "large" and server.describe(JPEG)["minWorkers"] == 2:
+                    break
+            results.append(load.finish())
+    finally:
+        server.scale(JPEG, 1)
+        server.scale(SEG, 1)
+    print(*[(r["phase"], r["move"], r["why"]) for r in records], sep="\n")  # shown with -s: what it saw and did
+    moves = [(r["phase"], step) for r in records if r["applied"] for step in r["move"]]
+    assert ("large", [JPEG, 2]) in [(phase, list(step)) for phase, step in moves], records
+    assert all(all(200 <= s < 300 for s in result.status) for result in results)
+    assert all(r["error"] is None for r in records)
