@@ -114,3 +114,31 @@ def test_instances_started_at_once_are_handed_different_ports_and_worker_ranges(
     ports = [value.rsplit(":", 1)[-1] for addresses, _ in chosen for value in addresses.values()]
     assert len(ports) == len(set(ports)) == 20
     assert len({base for _, base in chosen}) == 4
+
+
+@pytest.mark.integration
+def test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it(model_store, tmp_path, capsys):
+    import json
+    import time
+
+    import psutil
+
+    args = ["--run-dir", str(tmp_path / "run"), "--model-store", str(model_store), "--config", str(ROOT / "config.properties")]
+    assert main(["serve", "--autoscale", "--targets", "seg", *args]) == 2  # no workflow to scale
+    assert "serve one (--targets seg_jpeg)" in capsys.readouterr().err
+    assert main(["serve", "--autoscale", "--targets", "seg_jpeg", "--port-base", str(consecutive_free_ports(5)), *args]) == 0
+    decisions = tmp_path / "run" / "autoscale.jsonl"
+    try:
+        out = capsys.readouterr().out
+        pid = int(out.split("(pid ")[1].split(")")[0])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not decisions.exists():
+            time.sleep(0.5)
+        first = json.loads(decisions.read_text().splitlines()[0])
+        assert {m["node"] for m in first["metrics"]} == {"seg_jpeg__seg", "seg_jpeg__jpeg"} and first["why"]
+        assert main(["pin", "--show", *args]) == 0
+        assert "autoscaler, last decisions:" in capsys.readouterr().out
+    finally:
+        assert main(["serve", "--stop", *args]) == 0
+    assert "autoscaler pid" in capsys.readouterr().out
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
