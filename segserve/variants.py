@@ -50,7 +50,9 @@ def measure_variant(variant: Variant, weights: Path, settings: dict, shapes: lis
             from segserve.quantize import quantize_int8
 
             spec["program"] = quantize_int8(weights, settings, work / f"{variant.name}.pt2")
-        scores = run_accuracy(weights, settings["threads"], spec, python, shapes=tuple(shapes), seconds=settings["seconds"])
+        scores = run_accuracy(
+            weights, settings["threads"], spec, python, images=settings["images"], shapes=tuple(shapes), seconds=settings["seconds"]
+        )
     except RuntimeFailure as failure:
         return {**row, "valid": False, "reason": str(failure), "load_s": None}
     valid, reason = verdict(scores)
@@ -104,7 +106,9 @@ def run(args, log=to_stderr) -> int:
     if args.ipex and not ipex_python.exists():
         raise UsageError(f"--ipex: {ipex_python} does not exist: run `make setup-ipex` (or give --ipex-venv)")
     height, width = args.input_size
-    settings = {"input_height": height, "input_width": width, "threads": args.threads, "seconds": args.seconds}
+    if args.images < 1:
+        raise UsageError(f"--images must be at least 1 (got {args.images})")
+    settings = {"input_height": height, "input_width": width, "threads": args.threads, "seconds": args.seconds, "images": args.images}
     shapes = [f"{args.batch_size}:{height}:{width}"] + ([f"1:{height}:{width}"] if args.batch_size != 1 else [])
     rows = []
     with tempfile.TemporaryDirectory(prefix="segserve-variants-") as tmp:

@@ -4,7 +4,7 @@
 1 segserve core      catalog, archives, the server, the client: nothing of the bench
 2 bench: measure     suite, parameters, plan, search, deploy, load, measure, the loop, results on disk
 3 bench: analyse     analyses and every renderer and writer of results (report, plots, sinks, core plans)
-4 entry points       the CLI, the suite session, chaos, fuzz, one-off benchmarks
+4 entry points       the CLI, the suite session, chaos, fuzz, one-off benchmarks, optimize, profile, the autoscaler loop
 """
 
 import ast
@@ -29,6 +29,9 @@ LAYERS = {
             "segserve.train",
             "segserve.worker_context",
             "segserve.predict",
+            "segserve.quantize",
+            "segserve.accuracy",
+            "segserve.autoscale",
         ],
         1,
     ),
@@ -54,6 +57,9 @@ LAYERS = {
             "segserve.fuzz_worker",
             "segserve.bench.mix",
             "segserve.bench.gpu_check",
+            "segserve.variants",
+            "segserve.profile",
+            "segserve.autoscaler",
         ],
         4,
     ),
