@@ -81,7 +81,7 @@ class SegserveHandler:
         self.initialized = False
         self.device = torch.device("cpu")
         self.shared_cores = None
-        self.model_name = ""
+        self.profile_request = None
 
     def initialize(self, context) -> None:
         settings = dict((context.model_yaml_config or {}).get("handler") or {})
@@ -92,7 +92,7 @@ class SegserveHandler:
         # Threads: an explicit `threads` or SEGSERVE_THREADS, else a core plan's slot, else OMP_NUM_THREADS
         # (torch reads it), else the worker's cores shared evenly among its model's live workers.
         model_name = getattr(context, "model_name", "") or ""  # "" for the fused pipeline's inner nodes
-        self.model_name = model_name
+        self.profile_request = profiling.request_file(model_name)
         self.cores = claim_cores(model_name)
         threads = common.threads or int(os.environ.get("SEGSERVE_THREADS", 0) or 0)
         if threads > 0 and self.device.type == "cpu":
@@ -120,7 +120,8 @@ class SegserveHandler:
         )
 
     def handle(self, data: list, context) -> list:
-        trace = profiling.claim(self.model_name)  # `segserve profile` asked for this batch under torch.profiler
+        # `segserve profile` asked for this batch under torch.profiler: one stat per batch, the path made at load
+        trace = profiling.claim(self.profile_request) if self.profile_request else None
         if trace is not None:
             return profiling.traced(lambda: self.handle_batch(data, context), trace)
         return self.handle_batch(data, context)

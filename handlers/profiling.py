@@ -23,12 +23,14 @@ def request_path(run_dir: Path, model: str) -> Path:
     return Path(run_dir) / REQUESTS_FOLDER / f"{model}.json"
 
 
-def claim(model: str) -> str | None:
-    """The trace path of a pending request for this model, taken by this worker; None when there is none."""
+def request_file(model: str) -> Path | None:
+    """Where a profile request for this model would appear; None outside a segserve server (no run dir)."""
     run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir or not model:
-        return None
-    pending = request_path(Path(run_dir), model)
+    return request_path(Path(run_dir), model) if run_dir and model else None
+
+
+def claim(pending: Path) -> str | None:
+    """The trace path of a pending request (request_file), taken by this worker; None when there is none."""
     if not pending.exists():
         return None
     taken = pending.with_name(f"{pending.stem}.taken-{os.getpid()}")
