@@ -324,16 +324,23 @@ def _size(text: str) -> tuple[int, int]:
     return height, width
 
 
-def cmd_profile(args) -> int:
+def _running_server(args, targets: str):
+    """The server of --run-dir, or one line saying how to start it (commands that work on a live server)."""
     from segserve import processes
+
+    server = _server(args)
+    if not server.config_path.exists() or not processes.server_processes(server.run_dir):
+        raise RuntimeFailure(f"no TorchServe runs from {server.run_dir}: start it with `segserve serve --targets {targets}`")
+    return server
+
+
+def cmd_profile(args) -> int:
     from segserve.profile import profile
 
     if args.seconds <= 0 or args.connections < 0 or args.rate <= 0:
         raise UsageError("--seconds and --rate must be positive and --connections ≥ 0")
     target = catalog().target(args.target)
-    server = _server(args)
-    if not server.config_path.exists() or not processes.server_processes(server.run_dir):
-        raise RuntimeFailure(f"no TorchServe runs from {server.run_dir}: start it with `segserve serve --targets {target.name}`")
+    server = _running_server(args, target.name)
     bodies = [path.read_bytes() for path in image_files(args.images)] if args.connections else []
     summary = profile(server, target, server.run_dir, args.seconds, Path(args.out), bodies, args.connections, args.rate)
     print((Path(summary["folder"]) / "report.md").read_text())
@@ -357,7 +364,7 @@ def cmd_autoscale(args) -> int:
     spec = yaml.safe_load(dag.spec_path.read_text())
     bounds = node_bounds(spec.get("models", {}), {node.name: target.registered(node.name) for node in target.nodes})
     policy = Policy(budget_cores=budget, min_interval_s=args.min_interval_s)
-    server = _server(args)
+    server = _running_server(args, args.dag)
     scaler = Autoscaler(server, bounds, policy, server.run_dir, dry_run=args.dry_run)
     print(f"autoscaling {', '.join(bounds)} within {budget} core(s), every {args.interval_s:.0f}s" + (" (dry run)" if args.dry_run else ""))
     try:

@@ -182,3 +182,10 @@ def test_a_budget_larger_than_the_machine_is_refused():
         SEG: Bounds(1, 3),
         JPEG: Bounds(1, 64),
     }
+
+
+def test_autoscale_without_a_running_server_says_how_to_start_one(tmp_path, capsys):
+    from segserve.cli import main
+
+    assert main(["autoscale", "--run-dir", str(tmp_path / "nothing"), "--intervals", "1"]) == 1
+    assert "segserve serve --targets seg_jpeg" in capsys.readouterr().err
