@@ -162,7 +162,9 @@ class Deployment:
         self.registered_key, self.fresh_workers = key, True
         self.load_s = round(time.monotonic() - started, 2)
         self.changes["registrations"] += 1
-        self.current_workers = dict(workers)
+        # What TorchServe started, not what was asked: 0.12 ignores a workflow node's own min-workers/max-workers
+        # (it starts the DAG-wide count), so ensure_workers scales such a node to the point's count.
+        self.current_workers = {node: len(server.describe(model).get("workers", [])) for node, model in self._worker_models(target).items()}
 
     def check_python(self, optimizations: set) -> None:
         """Fail a point fast, before anything is built or registered, when the server's Python lacks what its
@@ -177,10 +179,18 @@ class Deployment:
                 hint = f": {IPEX_HINT}" if optimization == "ipex" else " (pip install torchao)"
                 raise RuntimeFailure(f"optimize {optimization}: {module} is not importable in {python}{hint}")
 
+    @staticmethod
+    def _worker_models(target: Target) -> dict[str, str]:
+        """Point.workers' keys (a node, or "workers" for one model) → the registered model they count."""
+        if not target.scaled_nodes:
+            return {"workers": target.name}
+        return {node: target.registered(node) for node in target.scaled_nodes}
+
     def ensure_workers(self, point: Point, target: Target) -> None:
+        models = self._worker_models(target)
         for node, count in point.workers.items():
             if self.current_workers.get(node) != count:
-                model = target.name if node == "workers" else target.registered(node)
+                model = models[node]
                 self.server.scale(model, count)
                 # TorchServe's CPU launcher restarts every worker of the model on a scale: wait for them.
                 self.server.wait_ready(model, WORKER_LOAD_TIMEOUT_S)
