@@ -5,7 +5,7 @@ the control loop's job (not written yet).
 
 A node's load is the cores it would use to keep up: the cores its workers used (/proc), scaled up by how far
 its queue says it is behind (a node whose requests wait as long again as they are served needs about twice
-its cores). Workers follow the loads: the budget's cores split in proportion to them (largest remainder,
+its cores). Workers follow the loads: the budget's workers split in proportion to them (largest remainder,
 each node within its min/max), one worker moved at a time, the new worker started before the old one stops
 (scale up before scaling down), only when the loaded node's share of the load exceeds its share of the
 workers by the hysteresis, and never sooner than min_interval_s after the last move.
@@ -34,7 +34,9 @@ class Bounds:
 
 @dataclass(frozen=True)
 class Policy:
-    budget_cores: int  # workers of all nodes together (one core's worth each: the thread rule shares the rest)
+    # workers of all nodes together: `--cores N` gives N (one per core; the thread rule shares a node's cores among
+    # its workers); a suite's autoscaled point keeps its starting split's total
+    budget_workers: int
     hysteresis: float = 0.2  # share of the load minus share of the workers before a move
     min_interval_s: float = 15.0
     min_queue_ms: float = 5.0  # below this a node is keeping up, whatever its share
@@ -65,7 +67,7 @@ def split(loads: dict[str, float], bounds: dict[str, Bounds], budget: int) -> di
     never above a node's maximum."""
     target = {node: bounds[node].min_workers for node in loads}
     if sum(target.values()) > budget:
-        raise ValueError(f"the nodes' minimum workers ({sum(target.values())}) exceed the budget of {budget} cores")
+        raise ValueError(f"the nodes' minimum workers ({sum(target.values())}) exceed the budget of {budget} workers")
     total = sum(loads.values()) or 1.0
     for _ in range(budget - sum(target.values())):
         room = [n for n in loads if target[n] < bounds[n].max_workers]
@@ -82,7 +84,7 @@ def decide(samples: list[NodeSample], bounds: dict[str, Bounds], policy: Policy,
     loads = {s.node: load_cores(s) for s in samples}
     current = {s.node: s.workers for s in samples}
     queue = {s.node: s.queue_ms for s in samples}
-    target = split(loads, bounds, policy.budget_cores)
+    target = split(loads, bounds, policy.budget_workers)
     decision = Decision(now_s, {n: round(v, 3) for n, v in loads.items()}, current, target)
     if target == current:
         decision.reason = "balanced: the workers already follow the loads"
@@ -99,7 +101,7 @@ def decide(samples: list[NodeSample], bounds: dict[str, Bounds], policy: Policy,
     )
     if grow is None:  # only fewer workers: over the budget, or a node's maximum went down
         decision.steps = [(shrink, current[shrink] - 1)]
-        decision.reason = f"{shrink} gives a worker back ({total_workers} workers, budget {policy.budget_cores})"
+        decision.reason = f"{shrink} gives a worker back ({total_workers} workers, budget {policy.budget_workers})"
         return decision
     gap = loads[grow] / total_load - current[grow] / total_workers
     if queue[grow] < policy.min_queue_ms:
@@ -109,7 +111,7 @@ def decide(samples: list[NodeSample], bounds: dict[str, Bounds], policy: Policy,
         decision.reason = f"holding: {grow}'s share of the load is {gap:.2f} above its share of the workers (< {policy.hysteresis})"
         return decision
     decision.steps = [(grow, current[grow] + 1)]  # the new worker first: capacity never dips below what it was
-    over_budget = total_workers + 1 > policy.budget_cores
+    over_budget = total_workers + 1 > policy.budget_workers
     if shrink is not None and over_budget:
         decision.steps.append((shrink, current[shrink] - 1))
     moved = f", from {shrink}" if len(decision.steps) == 2 else ""

@@ -8,6 +8,7 @@ The loop runs in its own process: if it dies, TorchServe keeps serving with the 
 
 import json
 import os
+import threading
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -46,6 +47,15 @@ def node_bounds(spec_models: dict, nodes: dict[str, str]) -> dict[str, Bounds]:
         given = spec_models.get(node) or {}
         bounds[model] = Bounds(int(given.get("min-workers", 1)), int(given.get("max-workers", 64)))
     return bounds
+
+
+def dag_bounds(catalog, dag: str) -> dict[str, Bounds]:
+    """node_bounds of a catalog DAG: its workflow YAML's per-node min/max, by registered model name."""
+    import yaml
+
+    target = catalog.target(dag)
+    spec = yaml.safe_load(catalog.dags[dag].spec_path.read_text()) or {}
+    return node_bounds(spec.get("models", {}), {node.name: target.registered(node.name) for node in target.nodes})
 
 
 class Meter:
@@ -114,6 +124,7 @@ class Autoscaler:
         decision = decide(samples, self.bounds, self.policy, time.monotonic(), self.last_move_s)
         record = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "epoch_s": round(time.time(), 3),
             "metrics": [asdict(s) for s in samples],
             "move": decision.steps,
             "target": decision.target,
@@ -122,11 +133,13 @@ class Autoscaler:
             "error": None,
         }
         if decision.steps and not self.dry_run:
+            started = time.monotonic()
             try:
                 for model, workers in decision.steps:  # in order: the new worker ready before one goes
                     self.server.scale(model, workers)
                     self.server.wait_ready(model)
                 record["applied"] = True
+                record["move_s"] = round(time.monotonic() - started, 2)  # until the new worker was ready
                 self.last_move_s = time.monotonic()
             except RuntimeFailure as error:  # the management API refused: said, nothing more changed by us
                 record["error"] = str(error).splitlines()[0]
@@ -141,6 +154,63 @@ class Autoscaler:
             time.sleep(interval_s)
             self.step()
             done += 1
+
+
+class InBackground:
+    """The loop in a thread beside a measurement (a suite's autoscaled point): what it decided, and its own CPU
+    time (the thread's, so the load generator beside it is not counted)."""
+
+    def __init__(self, scaler: Autoscaler, interval_s: float):
+        self.scaler, self.interval_s = scaler, interval_s
+        self.done = threading.Event()
+        self.records: list[dict] = []
+        self.cpu_s, self.failure = 0.0, None
+        self.thread = threading.Thread(target=self._loop, name="autoscaler", daemon=True)
+
+    def start(self) -> "InBackground":
+        self.started = time.monotonic()
+        self.thread.start()
+        return self
+
+    def _loop(self) -> None:
+        cpu0 = time.thread_time()
+        try:
+            while not self.done.wait(self.interval_s):
+                self.records.append(self.scaler.step())
+        except Exception as failure:  # the loop dies, the server keeps serving with the workers it last set
+            self.failure = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+        finally:
+            self.cpu_s = time.thread_time() - cpu0
+
+    def stop(self) -> dict:
+        """{autoscaler_cpu_pct, autoscaler_moves, autoscale_decisions, autoscaler_failure}"""
+        self.done.set()
+        self.thread.join()
+        wall_s = max(time.monotonic() - self.started, 1e-6)
+        return {
+            "autoscaler_cpu_pct": round(100 * self.cpu_s / wall_s, 3),
+            "autoscaler_moves": sum(len(r["move"]) for r in self.records if r["applied"]),
+            "autoscale_decisions": self.records,
+            "autoscaler_failure": self.failure,
+        }
+
+
+def reactions(phases: list[dict], decisions: list[dict]) -> list[dict]:
+    """Per phase: the applied moves decided in it and the seconds from its start to the first (`reaction_s`;
+    None when it moved nothing)."""
+    found = []
+    for index, phase in enumerate(phases):
+        end_s = phases[index + 1]["started_epoch_s"] if index + 1 < len(phases) else float("inf")
+        moves = [d for d in decisions if d["applied"] and phase["started_epoch_s"] <= d["epoch_s"] < end_s]
+        first = moves[0] if moves else None
+        found.append(
+            {
+                "moves": [step for d in moves for step in d["move"]],
+                "reaction_s": round(first["epoch_s"] - phase["started_epoch_s"], 1) if first else None,
+                "move_s": first.get("move_s") if first else None,
+            }
+        )
+    return found
 
 
 def last_decisions(run_dir: Path, count: int = 5) -> list[dict]:

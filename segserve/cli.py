@@ -349,10 +349,8 @@ def cmd_profile(args) -> int:
 
 
 def cmd_autoscale(args) -> int:
-    import yaml
-
     from segserve.autoscale import Policy
-    from segserve.autoscaler import Autoscaler, core_budget, node_bounds
+    from segserve.autoscaler import Autoscaler, core_budget, dag_bounds
 
     budget = core_budget(args.cores)
     if args.interval_s <= 0:
@@ -360,10 +358,8 @@ def cmd_autoscale(args) -> int:
     known = catalog()
     if args.dag not in known.dags:
         raise UsageError(unknown("DAG", args.dag, sorted(known.dags)))
-    dag, target = known.dags[args.dag], known.target(args.dag)
-    spec = yaml.safe_load(dag.spec_path.read_text())
-    bounds = node_bounds(spec.get("models", {}), {node.name: target.registered(node.name) for node in target.nodes})
-    policy = Policy(budget_cores=budget, min_interval_s=args.min_interval_s)
+    bounds = dag_bounds(known, args.dag)
+    policy = Policy(budget_workers=budget, min_interval_s=args.min_interval_s)
     server = _running_server(args, args.dag)
     scaler = Autoscaler(server, bounds, policy, server.run_dir, dry_run=args.dry_run)
     print(f"autoscaling {', '.join(bounds)} within {budget} core(s), every {args.interval_s:.0f}s" + (" (dry run)" if args.dry_run else ""))

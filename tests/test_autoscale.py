@@ -21,7 +21,7 @@ def samples(seg_workers, jpeg_workers, seg_cpu, jpeg_cpu, seg_queue, jpeg_queue,
 
 def run(sequence, budget=4, start=(2, 2), interval_s=5.0, policy=None):
     """Feed samples made by `sequence(workers, t)` to decide() as the loop would; the moves and the workers."""
-    policy = policy or Policy(budget_cores=budget, min_interval_s=15)
+    policy = policy or Policy(budget_workers=budget, min_interval_s=15)
     workers, last, moves = dict(zip((SEG, JPEG), start, strict=True)), None, []
     for step in range(len(sequence)):
         now = step * interval_s
@@ -81,13 +81,13 @@ def test_the_split_respects_the_budget_and_each_nodes_bounds():
 
 
 def test_every_decision_says_why_and_serialises():
-    decision = decide(jpeg_heavy(2, 2), BOUNDS, Policy(budget_cores=4), 0.0, None)
+    decision = decide(jpeg_heavy(2, 2), BOUNDS, Policy(budget_workers=4), 0.0, None)
     record = decision.as_json()
     assert record["steps"] == [(JPEG, 3), (SEG, 1)] and "takes a worker, from" in record["reason"]
     assert set(record) == {"time_s", "loads", "current", "target", "steps", "reason"}
-    too_soon = decide(seg_heavy(1, 3), BOUNDS, Policy(budget_cores=4, min_interval_s=15), 5.0, 0.0)
+    too_soon = decide(seg_heavy(1, 3), BOUNDS, Policy(budget_workers=4, min_interval_s=15), 5.0, 0.0)
     assert too_soon.steps == [] and too_soon.reason == "waiting: 5s since the last move (minimum 15s)"
-    balanced = decide(jpeg_heavy(1, 3), BOUNDS, Policy(budget_cores=4), 50.0, 0.0)
+    balanced = decide(jpeg_heavy(1, 3), BOUNDS, Policy(budget_workers=4), 50.0, 0.0)
     assert balanced.steps == [] and balanced.reason.startswith("balanced")
 
 
@@ -147,7 +147,7 @@ def test_samples_between_two_reads_are_per_request_means_and_cores(monkeypatch):
 
 def test_the_loop_scales_up_before_down_and_logs_every_decision(tmp_path, monkeypatch, no_metrics):
     server = FakeServer({SEG: 2, JPEG: 2})
-    scaler = Autoscaler(server, BOUNDS, Policy(budget_cores=4, min_interval_s=0), tmp_path)
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_workers=4, min_interval_s=0), tmp_path)
     monkeypatch.setattr(scaler.meter, "samples", lambda: jpeg_heavy(server.workers[SEG], server.workers[JPEG]))
     record = scaler.step()
     assert server.calls == [(JPEG, 3), ("ready", JPEG), (SEG, 1), ("ready", SEG)]
@@ -158,7 +158,7 @@ def test_the_loop_scales_up_before_down_and_logs_every_decision(tmp_path, monkey
 
 def test_a_refusing_management_api_changes_nothing_more_and_is_logged(tmp_path, monkeypatch, no_metrics):
     server = FakeServer({SEG: 2, JPEG: 2}, refuse=True)
-    scaler = Autoscaler(server, BOUNDS, Policy(budget_cores=4, min_interval_s=0), tmp_path)
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_workers=4, min_interval_s=0), tmp_path)
     monkeypatch.setattr(scaler.meter, "samples", lambda: jpeg_heavy(2, 2))
     record = scaler.step()
     assert server.calls == [(JPEG, 3)]  # the scale-down never followed a refused scale-up
@@ -167,11 +167,11 @@ def test_a_refusing_management_api_changes_nothing_more_and_is_logged(tmp_path, 
 
 def test_dry_run_decides_without_calls_and_a_missing_node_is_one_line(tmp_path, monkeypatch, no_metrics):
     server = FakeServer({SEG: 2, JPEG: 2})
-    scaler = Autoscaler(server, BOUNDS, Policy(budget_cores=4, min_interval_s=0), tmp_path, dry_run=True)
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_workers=4, min_interval_s=0), tmp_path, dry_run=True)
     monkeypatch.setattr(scaler.meter, "samples", lambda: jpeg_heavy(2, 2))
     assert scaler.step()["move"] and server.calls == []
     with pytest.raises(RuntimeFailure, match="not registered on the server from .*: seg_jpeg__jpeg"):
-        Autoscaler(FakeServer({SEG: 1}), BOUNDS, Policy(budget_cores=2), tmp_path)
+        Autoscaler(FakeServer({SEG: 1}), BOUNDS, Policy(budget_workers=2), tmp_path)
 
 
 def test_a_budget_larger_than_the_machine_is_refused():

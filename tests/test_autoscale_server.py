@@ -23,7 +23,7 @@ def test_a_phase_of_large_photos_moves_a_worker_to_jpeg_and_no_request_fails(ser
     small = [(ROOT / "samples" / "shapes_0.jpg").read_bytes()]
     large = [encode_jpeg(make_sample(seed, 1080, 1920)[0], quality=90).numpy().tobytes() for seed in (1, 2)]
     bounds = {SEG: Bounds(1, 2), JPEG: Bounds(1, 2)}
-    policy = Policy(budget_cores=3, min_interval_s=4, hysteresis=0.1, min_queue_ms=1)
+    policy = Policy(budget_workers=3, min_interval_s=4, hysteresis=0.1, min_queue_ms=1)
     scaler = Autoscaler(server, bounds, policy, tmp_path)
     records, results = [], []
     try:

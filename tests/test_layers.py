@@ -2,9 +2,9 @@
 
 0 handlers/          ships inside every .mar: imports nothing of segserve
 1 segserve core      catalog, archives, the server, the client: nothing of the bench
-2 bench: measure     suite, parameters, plan, search, deploy, load, measure, the loop, results on disk
+2 bench: measure     suite, parameters, plan, search, deploy, load, measure, the loop, results on disk, the autoscaler loop
 3 bench: analyse     analyses and every renderer and writer of results (report, plots, sinks, core plans)
-4 entry points       the CLI, the suite session, chaos, fuzz, one-off benchmarks, optimize, profile, the autoscaler loop
+4 entry points       the CLI, the suite session, chaos, fuzz, one-off benchmarks, optimize, profile
 """
 
 import ast
@@ -42,6 +42,7 @@ LAYERS = {
             "bare results study"
         ).split()
     },
+    "segserve.autoscaler": 2,  # the loop: measured beside a suite's autoscaled points
     **{f"segserve.bench.{name}": 3 for name in "analysis render report plots compare sinks core_plan".split()},
     **dict.fromkeys(
         [
@@ -59,7 +60,6 @@ LAYERS = {
             "segserve.bench.gpu_check",
             "segserve.variants",
             "segserve.profile",
-            "segserve.autoscaler",
         ],
         4,
     ),

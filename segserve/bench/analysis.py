@@ -27,6 +27,8 @@ class Analysis:
     pareto: list[dict] = field(default_factory=list)  # two objectives: the points no other beats on both
     predictions: list[dict] = field(default_factory=list)  # auto search: predicted vs measured throughput
     infeasible: int = 0  # measured points that break a constraint (or failed)
+    phases: list[dict] = field(default_factory=list)  # load.phases: every point per phase and overall
+    autoscaler_vs_static: list[dict] = field(default_factory=list)  # each phase: the autoscaler against the best static split
 
 
 def analyse(
@@ -43,7 +45,72 @@ def analyse(
         pareto_front(records, list(objectives), constraints),
         predictions(records),
         sum(not satisfies(r, constraints) for r in records),
+        phase_table(records),
+        autoscaler_vs_static(records),
     )
+
+
+def split_label(record: dict) -> str:
+    """A point's workers as "seg 2 · jpeg 1", and whether the autoscaler ran from there."""
+    counts = [f"{k.removesuffix('_workers')} {v}" for k, v in sorted(record.items()) if k.endswith("_workers") and isinstance(v, int)]
+    label = " · ".join(counts) or f"workers {record.get('workers')}"
+    return label + (" → autoscaled" if record.get("autoscale") else "")
+
+
+def _measured_phases(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("phases") and not r.get("error")]
+
+
+def phase_table(records: list[dict]) -> list[dict]:
+    """One row per point measured under load.phases: req/s and p99 of each phase and overall, failed requests, and
+    for an autoscaled point its moves, the seconds to its first move in each phase and its CPU."""
+    rows = []
+    for record in _measured_phases(records):
+        row = {"target": record["target"], "split": split_label(record)}
+        for phase in record["phases"]:
+            row[f"{phase['phase']}_rps"] = phase["throughput_rps"]
+            row[f"{phase['phase']}_p99_ms"] = phase["latency_p99_ms"]
+        row |= {"overall_rps": record["throughput_rps"], "overall_p99_ms": record["latency_p99_ms"], "failed": record["requests_failed"]}
+        if record.get("autoscale"):
+            row["moves"] = " ".join(f"{phase['phase']}: {len(phase.get('moves') or [])}" for phase in record["phases"])
+            row["reaction_s"] = " ".join(f"{phase['phase']}: {phase.get('reaction_s')}" for phase in record["phases"])
+            row["autoscaler_cpu_pct"] = record.get("autoscaler_cpu_pct")
+        rows.append(row)
+    return rows
+
+
+def autoscaler_vs_static(records: list[dict]) -> list[dict]:
+    """For each autoscaled point, per phase and overall: the best static split of its target with as many workers
+    in all (its budget), the autoscaler's rate and their ratio; overall, whether it is ahead of every such split."""
+    measured = _measured_phases(records)
+
+    def total(record: dict) -> int:
+        return sum(v for k, v in record.items() if k.endswith("_workers") and isinstance(v, int))
+
+    rows = []
+    for auto in (r for r in measured if r.get("autoscale")):
+        static = [r for r in measured if r["target"] == auto["target"] and not r.get("autoscale") and total(r) == total(auto)]
+        if not static:
+            continue
+        names = [phase["phase"] for phase in auto["phases"]]
+        for index, name in enumerate([*names, "overall"]):
+
+            def rate(record: dict, index: int = index, name: str = name) -> float:
+                return record["throughput_rps"] if name == "overall" else record["phases"][index]["throughput_rps"]
+
+            best_static = max(static, key=rate)
+            rows.append(
+                {
+                    "autoscaled": split_label(auto),
+                    "phase": name,
+                    "best_static": split_label(best_static),
+                    "best_static_rps": rate(best_static),
+                    "autoscaler_rps": rate(auto),
+                    "ratio": rate(auto) / rate(best_static) if rate(best_static) else None,
+                    "ahead_of_every_static": all(rate(auto) > rate(r) for r in static) if name == "overall" else None,
+                }
+            )
+    return rows
 
 
 def pareto_front(records: list[dict], objectives: list[str], constraints: dict) -> list[dict]:

@@ -6,19 +6,26 @@ from pathlib import Path
 import torch
 import yaml
 
-from segserve.bench.suite import Suite
+from segserve.bench.suite import InputSpec
 from segserve.synthetic import make_sample
 from segserve.train import normalise
 
 TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def request_bodies(suite: Suite) -> list[bytes]:
-    """What clients send to seg, the workflow and the fused pipeline, in suite order."""
+def request_bodies(specs: list[InputSpec]) -> list[bytes]:
+    """What clients send to seg, the workflow and the fused pipeline, in the specs' order."""
     bodies = []
-    for spec in suite.inputs:
+    for spec in specs:
         if spec.images is not None:
             bodies += [Path(p).read_bytes() for pattern in spec.images for p in sorted(glob.glob(pattern))]
+        elif spec.synthetic is not None:
+            from torchvision.io import encode_jpeg
+
+            photos = spec.synthetic
+            for index in range(photos.count):
+                image, _ = make_sample(photos.seed + index, photos.height, photos.width)
+                bodies.append(encode_jpeg(image, quality=photos.quality).numpy().tobytes())
         else:
             raw = spec.raw
             for index in range(raw.count):

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,6 +149,103 @@ def measure(
         "warmup_s": warmup_s,
         **server_usage,
     }
+
+
+def measure_phases(
+    endpoint: Endpoint,
+    load: LoadSettings,
+    params: dict,
+    bodies_by_phase: dict[str, list[bytes]],
+    process_groups: dict | None,
+    fresh_workers: bool = False,
+) -> dict:
+    """The metrics of one point under a time-varying load (load.phases, one after the other): per phase and over
+    the whole run, every request of a phase counted (a phase is measured as it comes, with whatever the server
+    does in it: no stability windows). Each phase's `started_epoch_s` lets a reaction be timed against it."""
+    from segserve.bench.load import LoadResult
+
+    def spec(phase) -> LoadSpec:
+        rate = phase.request_rate_rps if phase.concurrency is None else None
+        if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
+            rate = params.get("request_rate_rps")
+        concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
+        return LoadSpec(
+            url=endpoint.url,
+            path=endpoint.path,
+            bodies=bodies_by_phase[phase.name],
+            token=endpoint.token,
+            headers=endpoint.headers,
+            concurrency=concurrency,
+            request_rate_rps=rate,
+            arrival=load.arrival,
+            timeout_s=load.timeout_s,
+        )
+
+    ours = endpoint.metrics_url is not None
+    warmup_s = load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
+    if warmup_s > 0:
+        run_load(spec(load.phases[0]), warmup_s)
+    before = scrape(endpoint.metrics_url) if ours else {}
+    sampler = ProcessSampler(process_groups) if process_groups else None
+    if sampler:
+        sampler.start()
+    phases, everything = [], LoadResult()
+    for phase in load.phases:
+        started_epoch_s = time.time()
+        result = run_load(spec(phase), phase.duration_s)
+        ok = [lat for lat, good in zip(result.latency_ms, result.ok, strict=True) if good]
+        windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
+        phases.append(
+            {
+                "phase": phase.name,
+                "started_epoch_s": started_epoch_s,
+                "duration_s": result.wall_s,
+                "requests_ok": len(ok),
+                "requests_failed": len(result.status) - len(ok),
+                "failures_by_status": {k: v for k, v in result.status_counts().items() if not k.startswith("2")},
+                "throughput_rps": len(ok) / result.wall_s if result.wall_s else 0.0,
+                **latency_summary(ok),
+                # completions per load.window_s through the phase: how the rate moved in it (a move shows here)
+                "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
+            }
+        )
+        everything.latency_ms += ok
+        everything.status += result.status
+        everything.wall_s += result.wall_s
+        everything.client_cpu_s += result.client_cpu_s
+    server_usage = sampler.stop() if sampler else {}
+    after = scrape(endpoint.metrics_url) if ours else {}
+    requests_ok = sum(p["requests_ok"] for p in phases)
+    client_cpu_pct = 100 * everything.client_cpu_s / everything.wall_s if everything.wall_s else None
+    server = {}
+    if ours:
+        server = {
+            **per_request_ms(before, after, list(endpoint.models), len(everything.status)),
+            **stage_columns(handler_stages(before, after, list(endpoint.models))),
+        }
+    return {
+        "duration_s": everything.wall_s,
+        "requests_ok": requests_ok,
+        "requests_failed": len(everything.status) - requests_ok,
+        "failures_by_status": {k: v for k, v in everything.status_counts().items() if not k.startswith("2")},
+        "throughput_rps": requests_ok / everything.wall_s if everything.wall_s else 0.0,
+        **latency_summary(everything.latency_ms),  # the successful requests' latencies, every phase
+        "phases": phases,
+        **server,
+        "client_cpu_pct": client_cpu_pct,
+        "client_cpu_ms_per_request": 1000 * everything.client_cpu_s / max(len(everything.status), 1),
+        "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
+        "stable": None,  # phases are measured as they come, not until they settle
+        "pruned": False,
+        "windows": len(phases),
+        "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],
+        "warmup_s": warmup_s,
+        **server_usage,
+    }
+
+
+def _starts(duration_s: float, window_s: float) -> list[float]:
+    return [k * window_s for k in range(max(int(duration_s // window_s), 1))]
 
 
 def stage_columns(stages: dict[str, dict[str, float]]) -> dict:

@@ -130,6 +130,12 @@ PARAMS = {
         _stage("encode_threads", PositiveInt, "threads encoding a batch's responses"),
         _stage("threads", NonNegativeInt, "torch intra-op threads of the worker; 0: torch's default"),
         Param("workers", "runtime", PositiveInt, (1,), doc="workers of each registered model (per node: <node>_workers)"),
+        Param(
+            "autoscale",
+            "runtime",
+            bool,
+            doc="a workflow's point runs the autoscaler while measured, from its workers' split and within their total",
+        ),
         Param("concurrency", "load", PositiveInt, doc="closed loop: connections"),
         Param("request_rate_rps", "load", Annotated[float, Field(gt=0)], doc="open loop: arrivals per second"),
     ]

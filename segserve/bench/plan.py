@@ -52,7 +52,11 @@ class Point:
         runtime = dict(self.runtime)
         if "workers" in runtime:
             return {"workers": runtime["workers"]}
-        return {name.removesuffix("_workers"): count for name, count in runtime.items()}
+        return {name.removesuffix("_workers"): count for name, count in runtime.items() if name.endswith("_workers")}
+
+    @property
+    def autoscaled(self) -> bool:
+        return bool(dict(self.runtime).get("autoscale"))
 
 
 def _axis(values: dict) -> list[Params]:
@@ -84,8 +88,18 @@ def runtime_axis(suite: Suite, target: Target) -> list[Params]:
     per_node = {node: getattr(runtime, workers_param(node), None) for node in target.scaled_nodes}
     if all(v is None for v in per_node.values()) and len(per_node) > 1:
         # Only `workers` given: the same count for every node, not every combination.
-        return [tuple((workers_param(node), w) for node in sorted(per_node)) for w in runtime.workers]
-    return _axis({workers_param(node): values or runtime.workers for node, values in per_node.items()})
+        splits = [tuple((workers_param(node), w) for node in sorted(per_node)) for w in runtime.workers]
+    else:
+        splits = _axis({workers_param(node): values or runtime.workers for node, values in per_node.items()})
+    if runtime.autoscale is None or len(per_node) < 2:  # the autoscaler moves workers between a workflow's nodes
+        return splits
+    # An autoscaled point starts from its split and keeps its total; one worker per node leaves nothing to move.
+    return sorted(
+        split + (("autoscale", on),)
+        for split in splits
+        for on in runtime.autoscale
+        if not on or sum(count for _, count in split) > len(per_node)
+    )
 
 
 def expand(suite: Suite, catalog: Catalog, setups: dict[str, str] | None = None) -> list[Point]:
@@ -162,6 +176,10 @@ def cost(suite: Suite, points: list[Point]) -> PlanCost:
             scales += 1
         previous = point
     load = suite.load
+    if load.phases:  # every point runs every phase once, after its warm-up
+        phases_s = len(points) * sum(phase.duration_s for phase in load.phases)
+        fixed_s = restarts * RESTART_S + registrations * REGISTER_S + scales * SCALE_S + len(points) * load.warmup_s
+        return PlanCost(len(points), restarts, registrations, scales, fixed_s + phases_s, fixed_s + phases_s)
     fixed_s = (
         restarts * RESTART_S
         + registrations * REGISTER_S

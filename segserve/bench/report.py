@@ -113,6 +113,18 @@ def write_report(
 
     md += _search_section(search or {}, analysis)
     md += _table_section(
+        "## Load phases",
+        analysis.phases,
+        "Every point under the suite's load phases, one after the other: each phase's req/s (all its successful "
+        "requests over its duration) and p99, then the whole run. Autoscaled points: the moves it made in each phase, "
+        "the seconds from a phase's start to its first move, and its own CPU (% of one core).",
+    )
+    md += _table_section(
+        "### The autoscaler against the static splits",
+        analysis.autoscaler_vs_static,
+        "Per phase and over the whole run: the best static split in that phase, the autoscaled point's rate and autoscaler ÷ best static.",
+    )
+    md += _table_section(
         "## Served model vs bare model",
         analysis.served_vs_bare,
         "The best `seg` point (first row), then the best batch size for each other thread count, against the network's "

@@ -7,8 +7,10 @@ import time
 from pathlib import Path
 
 from segserve.accuracy import verdict
+from segserve.autoscale import Policy
+from segserve.autoscaler import Autoscaler, InBackground, dag_bounds, reactions
 from segserve.bench.deploy import Deployment
-from segserve.bench.measure import bare_shape, measure, process_groups, run_accuracy, run_bare
+from segserve.bench.measure import bare_shape, measure, measure_phases, process_groups, run_accuracy, run_bare
 from segserve.bench.plan import Point, settings_for
 from segserve.bench.search import Strategy
 from segserve.bench.stats import ratio_of_medians
@@ -62,9 +64,7 @@ class Runner:
             groups = process_groups(server, endpoint.models) if server else None
             # the bare forward in short slices before and after the point: the same spell of the shared machine
             slices += self.bare_slices(point, node)
-            prune = self.strategy.pruner_for(point) if hasattr(self.strategy, "pruner_for") else None
-            bodies = self.bodies_for(point.target)
-            metrics = measure(endpoint, self.suite.load, point.params, bodies, groups, self.deployment.fresh_workers, prune)
+            metrics = self.measure_load(point, endpoint, groups)
             slices += self.bare_slices(point, node)
         except Exception as failure:  # one failed point must not lose the others (an optimisation that fails too)
             reconfigure_s = time.monotonic() - started
@@ -77,6 +77,39 @@ class Runner:
         if node and not error:
             record.update(served_vs_bare(record.get("measured_window_throughputs_rps") or [], slices))
         return record
+
+    def measure_load(self, point: Point, endpoint, groups: dict | None) -> dict:
+        """Under the suite's load (its phases one after the other, or windows until it settles), with the
+        autoscaler running beside it for an autoscaled point."""
+        load, fresh = self.suite.load, self.deployment.fresh_workers
+        scaler = self.autoscaler(point).start() if point.autoscaled else None
+        try:
+            if load.phases:
+                bodies = {phase.name: self.bodies_for(point.target, phase.name) for phase in load.phases}
+                metrics = measure_phases(endpoint, load, point.params, bodies, groups, fresh)
+            else:
+                prune = self.strategy.pruner_for(point) if hasattr(self.strategy, "pruner_for") else None
+                metrics = measure(endpoint, load, point.params, self.bodies_for(point.target), groups, fresh, prune)
+        finally:
+            scaled = scaler.stop() if scaler else {}
+            if scaler:
+                self.deployment.current_workers = {}  # it moved workers: the next point scales every node to its own
+        if scaled:
+            metrics.update(scaled)
+            phases = metrics.get("phases", [])
+            for phase, reaction in zip(phases, reactions(phases, scaled["autoscale_decisions"]), strict=True):
+                phase.update(reaction)
+        return metrics
+
+    def autoscaler(self, point: Point) -> InBackground:
+        """segserve autoscale's loop for this point's workflow: its workers' total is the budget, its DAG's YAML
+        gives each node's min/max."""
+        settings = self.suite.autoscaler
+        policy = Policy(sum(point.workers.values()), settings.hysteresis, settings.min_interval_s, settings.min_queue_ms)
+        server = self.deployment.server
+        # its decisions go to the run dir's autoscale.jsonl and the record; the progress line counts its moves
+        scaler = Autoscaler(server, dag_bounds(self.catalog, point.target), policy, server.run_dir, log=lambda _line: None)
+        return InBackground(scaler, settings.interval_s)
 
     def bare_slices(self, point: Point, node: str | None) -> list[float]:
         if node is None:
@@ -204,6 +237,9 @@ class Progress:
             outcome = f"FAILED {record['error']}"
         else:
             outcome = f"{record['throughput_rps']:.1f} req/s, p99 {record['latency_p99_ms'] or float('nan'):.0f} ms"
+            if record.get("autoscale"):
+                outcome += f", the autoscaler moved {record.get('autoscaler_moves')} worker(s)"
+                outcome += f" (it died: {record['autoscaler_failure']})" if record.get("autoscaler_failure") else ""
             if record.get("pruned"):
                 outcome += f", pruned after {record['windows']} window(s) (hopeless)"
             if record.get("windows_discarded"):

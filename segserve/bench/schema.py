@@ -46,6 +46,8 @@ METRICS = {
         Metric("iou_eager", "IoU", True, "optimised points: the eager fp32 network's IoU on the same images"),
         Metric("agreement", "share", True, "optimised points: share of pixels classed as the eager fp32 network classes them"),
         Metric("load_s", "s", False, "registration until every worker was ready: model load, compile and warm-up"),
+        Metric("autoscaler_cpu_pct", "% of one core", False, "autoscaled points: the autoscaler's own CPU use while measured"),
+        Metric("autoscaler_moves", "moves", False, "autoscaled points: workers moved (scale calls applied) while measured"),
         Metric("predicted_throughput_rps", "req/s", True, "auto search: the throughput its members predicted, before measuring"),
     ]
 }
@@ -94,6 +96,8 @@ EXTRA_COLUMNS = [
     "ratio_bare_ci_high",
     "suspect",
     "predicted_throughput_rps",
+    "autoscaler_moves",
+    "autoscaler_cpu_pct",
     "load_s",
     "iou",
     "iou_eager",

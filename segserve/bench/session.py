@@ -62,16 +62,22 @@ class Setup:
         self.suite, self.catalog, self.weights = suite, catalog, weights
 
     @cache  # noqa: B019 (one Setup per run)
-    def images(self) -> tuple[bytes, ...]:
-        return tuple(request_bodies(self.suite))
+    def images(self, phase: str | None = None) -> tuple[bytes, ...]:
+        """The suite's inputs, or a load phase's (its own, else the suite's)."""
+        given = next((p.inputs for p in self.suite.load.phases or [] if p.name == phase), None)
+        return tuple(request_bodies(given or self.suite.inputs))
 
     @cache  # noqa: B019
-    def bodies_for(self, name: str) -> list[bytes]:
+    def bodies_for(self, name: str, phase: str | None = None) -> list[bytes]:
         target = self.catalog.targets.get(name)
         if target is None or target.takes == "image":
-            return list(self.images())
+            return list(self.images(phase))
         # class maps: what the model that turns images into class maps answers for the images
-        return class_maps(list(self.images()), self.weights, self.producer(target.takes).config)
+        return class_maps(list(self.images(phase)), self.weights, self.producer(target.takes).config)
+
+    def all_images(self) -> tuple[bytes, ...]:
+        """Every body the suite sends, its phases' too (what its measurements depend on)."""
+        return self.images() + tuple(body for phase in self.suite.load.phases or [] for body in self.images(phase.name))
 
     def producer(self, kind: str):
         """The node model that turns images into this kind of body (seg: class maps)."""
@@ -85,14 +91,14 @@ class Setup:
         """Digests of what changes a target's measurement besides its parameters. The code (handlers/, segserve/)
         is left out on purpose: `bench compare` compares two versions of it; records keep the git sha."""
         root, suite = self.catalog.root, self.suite
-        parts = {"load": _digest(suite.load.model_dump()), "inputs": _digest(*self.images())}
+        parts = {"load": _digest(suite.load.model_dump(exclude_none=True)), "inputs": _digest(*self.all_images())}
         http = suite.http_targets.get(name)
         if http is not None:
             return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
         target = self.catalog.targets[name]
         if target.takes != "image":  # its inputs are what the producer model makes of the images
             producer = self.producer(target.takes)
-            parts["inputs"] = _digest(*self.images(), producer.config.read_bytes(), self.weights_digest())
+            parts["inputs"] = _digest(*self.all_images(), producer.config.read_bytes(), self.weights_digest())
         files = {node.model.config for node in target.nodes}
         if target.dag:
             dag = self.catalog.dags[target.dag]

@@ -39,14 +39,25 @@ class RawInput(Strict):
     seed: int = 7_000_000
 
 
+class SyntheticPhotos(Strict):
+    """JPEG photos made by the synthetic generator at this size (e.g. 1080×1920 for a phase of large photos)."""
+
+    height: Annotated[int, Field(ge=8, le=8192)] = 1080
+    width: Annotated[int, Field(ge=8, le=8192)] = 1920
+    count: Annotated[int, Field(ge=1)] = 4
+    quality: Annotated[int, Field(ge=1, le=100)] = 90
+    seed: int = 8_000_000
+
+
 class InputSpec(Strict):
     images: list[str] | None = None  # files or globs, relative to the working directory
     raw: RawInput | None = None
+    synthetic: SyntheticPhotos | None = None
 
     @model_validator(mode="after")
     def one_kind(self):
-        if (self.images is None) == (self.raw is None):
-            raise ValueError("give exactly one of 'images' or 'raw'")
+        if sum(kind is not None for kind in (self.images, self.raw, self.synthetic)) != 1:
+            raise ValueError("give exactly one of 'images', 'raw' or 'synthetic'")
         return self
 
 
@@ -128,6 +139,22 @@ def _loopback_address(host: str) -> bool:
         return False
 
 
+class Phase(Strict):
+    """One stretch of a time-varying load: its inputs and its concurrency or rate, for duration_s seconds."""
+
+    name: Annotated[str, Field(pattern=r"^\w+$")]
+    duration_s: Annotated[float, Field(gt=0)]
+    inputs: Annotated[list[InputSpec], Field(min_length=1)] | None = None  # none: the suite's inputs
+    concurrency: Annotated[int, Field(ge=1)] | None = None  # neither: the point's grid.load value
+    request_rate_rps: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def one_load_mode(self):
+        if self.concurrency is not None and self.request_rate_rps is not None:
+            raise ValueError("give at most one of 'concurrency' (closed loop) or 'request_rate_rps' (open loop)")
+        return self
+
+
 class LoadSettings(Strict):
     """Fixed for every point."""
 
@@ -144,12 +171,28 @@ class LoadSettings(Strict):
     # machine's CPU is discarded and measured again (up to max_windows more); too few clean ones: `disturbed`.
     max_others_share: Annotated[float, Field(gt=0, le=1)] = 0.1
     timeout_s: Annotated[float, Field(gt=0)] = 30.0
+    # A time-varying load: the phases run one after the other (after warmup_s of the first phase's load) and every
+    # point is measured over all of them: per phase and overall, no stability windows.
+    phases: Annotated[list[Phase], Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
     def enough_windows(self):
         if self.max_windows < self.stable_windows:
             raise ValueError(f"max_windows ({self.max_windows}) must be ≥ stable_windows ({self.stable_windows})")
+        names = [phase.name for phase in self.phases or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a phase name is given twice (got {names})")
         return self
+
+
+class AutoscalerSettings(Strict):
+    """How a point with grid.runtime.autoscale true runs the autoscaler (segserve autoscale's loop) while it is
+    measured; its budget is the point's workers (the static split it starts from)."""
+
+    interval_s: Annotated[float, Field(gt=0)] = 5.0
+    min_interval_s: Annotated[float, Field(ge=0)] = 15.0
+    hysteresis: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    min_queue_ms: Annotated[float, Field(ge=0)] = 5.0
 
 
 class Bound(Strict):
@@ -208,12 +251,18 @@ class Suite(Strict):
     # of every worker, a torch.profiler trace per node, the profiler's cost; into <result folder>/profile/
     profile: Literal["best"] | None = None
     profile_seconds: Annotated[float, Field(gt=0)] = 10.0
+    autoscaler: AutoscalerSettings = AutoscalerSettings()
 
     @model_validator(mode="after")
     def plan_for_pinning(self):
         if "plan" in (self.grid.server.pinning or []) and not self.core_plan:
             raise ValueError("grid.server.pinning has 'plan': give the plan file as core_plan")
         return self
+
+    @property
+    def input_specs(self) -> list[InputSpec]:
+        """Every input the suite sends: its own and its phases'."""
+        return self.inputs + [spec for phase in self.load.phases or [] for spec in phase.inputs or []]
 
     @field_validator("constraints")
     @classmethod
@@ -263,9 +312,9 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
         field = model.model_fields.get(part)
         if field is None:  # a mapping's key (grid.archive.nodes.<node>): the model stays the mapping's value
             continue
-        annotation = field.annotation
-        candidates = [annotation, *getattr(annotation, "__args__", ())]
-        candidates += [a for c in candidates for a in getattr(c, "__args__", ())]
+        candidates = [field.annotation]
+        for candidate in candidates:  # through unions, lists and Annotated, e.g. Annotated[list[Phase], …] | None
+            candidates += getattr(candidate, "__args__", ())
         model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
     return list(model.model_fields) if model else []
 
@@ -311,7 +360,7 @@ def load_suite(path: Path, catalog: Catalog) -> Suite:
         raise UsageError("\n".join(unknown_targets + format_errors(path, error))) from None
     if unknown_targets:
         raise UsageError("\n".join(unknown_targets))
-    missing = [pattern for spec in suite.inputs for pattern in spec.images or [] if not glob.glob(pattern)]
+    missing = [pattern for spec in suite.input_specs for pattern in spec.images or [] if not glob.glob(pattern)]
     if missing:
         raise UsageError("\n".join(f"{path}: inputs: no file matches {pattern!r}" for pattern in missing))
     problems = catalog_problems(suite, catalog) + expand_headers(suite)
