@@ -9,6 +9,11 @@ its cores). Workers follow the loads: the budget's workers split in proportion t
 each node within its min/max), one worker moved at a time, the new worker started before the old one stops
 (scale up before scaling down), only when the loaded node's share of the load exceeds its share of the
 workers by the hysteresis, and never sooner than min_interval_s after the last move.
+
+A move is a trial: the load model only says where the queue is, not whether another split serves more (on a
+small machine the nodes share the same cores). The interval after a move is judged on what the pipeline served:
+below (1 - max_drop) of its rate before the move, the move is undone and that split is not tried again at the
+same request mix (each node's share of a request's handler time) for retry_after_s.
 """
 
 import math
@@ -24,6 +29,7 @@ class NodeSample:
     cpu_cores: float  # cores its workers used (CPU seconds per second, /proc)
     queue_ms: float  # mean wait in TorchServe's queue
     handler_ms: float  # mean time a request spent in the handler
+    served_rps: float = 0.0  # requests it answered per second
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,26 @@ class Policy:
     hysteresis: float = 0.2  # share of the load minus share of the workers before a move
     min_interval_s: float = 15.0
     min_queue_ms: float = 5.0  # below this a node is keeping up, whatever its share
+    max_drop: float = 0.05  # a move after which the pipeline serves less than (1 - this) of before is undone
+    retry_after_s: float = 300.0  # an undone split is not tried again at the same mix for this long
+    mix_tolerance: float = 0.15  # mixes closer than this (half the L1 distance of the shares) are the same
+
+
+@dataclass
+class Trial:
+    """A move on probation: the split before and after, what the pipeline served before it, the mix then."""
+
+    before: dict[str, int]
+    after: dict[str, int]
+    rate_before_rps: float
+    mix: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Rejected:
+    split: dict[str, int]
+    mix: dict[str, float]
+    until_s: float
 
 
 @dataclass
@@ -79,8 +105,52 @@ def split(loads: dict[str, float], bounds: dict[str, Bounds], budget: int) -> di
     return target
 
 
-def decide(samples: list[NodeSample], bounds: dict[str, Bounds], policy: Policy, now_s: float, last_move_s: float | None) -> Decision:
-    """The next move (Decision.steps), or none with the reason."""
+def pipeline_rps(samples: list[NodeSample]) -> float:
+    """What the DAG served: every request passes every node, so the slowest node's answers per second."""
+    return min((s.served_rps for s in samples), default=0.0)
+
+
+def mix_of(samples: list[NodeSample]) -> dict[str, float]:
+    """Each node's share of a request's handler time: what the traffic asks of each node (large photos: jpeg's grows)."""
+    total = sum(s.handler_ms for s in samples)
+    return {s.node: (s.handler_ms / total if total else 1 / len(samples)) for s in samples}
+
+
+def same_mix(a: dict[str, float], b: dict[str, float], tolerance: float) -> bool:
+    return sum(abs(a.get(n, 0.0) - b.get(n, 0.0)) for n in set(a) | set(b)) / 2 <= tolerance
+
+
+def _ordered_steps(current: dict[str, int], wanted: dict[str, int]) -> list[tuple[str, int]]:
+    """The scale calls from one split to another: the nodes that grow first, then those that shrink."""
+    grow = [(n, wanted[n]) for n in wanted if wanted[n] > current[n]]
+    return grow + [(n, wanted[n]) for n in wanted if wanted[n] < current[n]]
+
+
+def judge(trial: Trial, samples: list[NodeSample], policy: Policy, now_s: float) -> Decision:
+    """The interval after a move: keep it, or undo it (steps back to the split before) when the pipeline served
+    less than (1 - max_drop) of its rate before the move."""
+    loads = {s.node: round(load_cores(s), 3) for s in samples}
+    current = {s.node: s.workers for s in samples}
+    decision = Decision(now_s, loads, current, dict(current))
+    rate = pipeline_rps(samples)
+    if rate >= trial.rate_before_rps * (1 - policy.max_drop):
+        decision.reason = f"kept the move: {rate:.1f} req/s after it, {trial.rate_before_rps:.1f} before"
+        return decision
+    decision.target = dict(trial.before)
+    decision.steps = _ordered_steps(current, trial.before)
+    decision.reason = f"undoing the move: {rate:.1f} req/s after it, {trial.rate_before_rps:.1f} before (more than {policy.max_drop:.0%} less)"
+    return decision
+
+
+def decide(
+    samples: list[NodeSample],
+    bounds: dict[str, Bounds],
+    policy: Policy,
+    now_s: float,
+    last_move_s: float | None,
+    rejected: list[Rejected] = (),
+) -> Decision:
+    """The next move (Decision.steps), or none with the reason; `rejected`: splits undone at a mix (not retried)."""
     loads = {s.node: load_cores(s) for s in samples}
     current = {s.node: s.workers for s in samples}
     queue = {s.node: s.queue_ms for s in samples}
@@ -110,10 +180,16 @@ def decide(samples: list[NodeSample], bounds: dict[str, Bounds], policy: Policy,
     if gap < policy.hysteresis:
         decision.reason = f"holding: {grow}'s share of the load is {gap:.2f} above its share of the workers (< {policy.hysteresis})"
         return decision
-    decision.steps = [(grow, current[grow] + 1)]  # the new worker first: capacity never dips below what it was
+    steps = [(grow, current[grow] + 1)]  # the new worker first: capacity never dips below what it was
     over_budget = total_workers + 1 > policy.budget_workers
     if shrink is not None and over_budget:
-        decision.steps.append((shrink, current[shrink] - 1))
+        steps.append((shrink, current[shrink] - 1))
+    after = current | dict(steps)
+    mix = mix_of(samples)
+    if any(r.split == after and r.until_s > now_s and same_mix(r.mix, mix, policy.mix_tolerance) for r in rejected):
+        decision.reason = f"holding: {grow} would take a worker, but that split served less at this mix (undone)"
+        return decision
+    decision.steps = steps
     moved = f", from {shrink}" if len(decision.steps) == 2 else ""
     decision.reason = (
         f"{grow} takes a worker{moved}: {math.ceil(100 * gap)}% more of the load than of the workers, queue {queue[grow]:.0f} ms"

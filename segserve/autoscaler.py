@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from segserve.autoscale import Bounds, NodeSample, Policy, decide
+from segserve.autoscale import Bounds, NodeSample, Policy, Rejected, Trial, decide, judge, mix_of, pipeline_rps
 from segserve.bench.server_metrics import HANDLER_PREFIX, scrape
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -103,6 +103,7 @@ def samples_between(before: dict, after: dict, models: list[str]) -> list[NodeSa
                 cpu_cores=round(cpu_s / interval_s, 3),
                 queue_ms=round(delta("ts_queue_latency_microseconds") / served / 1000, 2) if served else 0.0,
                 handler_ms=round(sum(delta(c) for c in STAGE_COUNTERS) / served, 2) if served else 0.0,
+                served_rps=round(served / interval_s, 2),
             )
         )
     return found
@@ -118,10 +119,19 @@ class Autoscaler:
         self.decisions = Path(run_dir) / DECISIONS_FILE
         self.meter = Meter(server, list(bounds))
         self.last_move_s: float | None = None
+        self.trial: Trial | None = None  # the last move, judged on the next interval
+        self.rejected: list[Rejected] = []
+        self.rates: list[float] = []  # the pipeline's req/s in each interval since the last move
 
     def step(self) -> dict:
         samples = self.meter.samples()
-        decision = decide(samples, self.bounds, self.policy, time.monotonic(), self.last_move_s)
+        now = time.monotonic()
+        trial, self.trial = self.trial, None
+        if trial is not None:
+            decision = judge(trial, samples, self.policy, now)
+        else:
+            self.rejected = [r for r in self.rejected if r.until_s > now]
+            decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.rejected)
         record = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "epoch_s": round(time.time(), 3),
@@ -132,6 +142,7 @@ class Autoscaler:
             "applied": False,
             "error": None,
         }
+        self.rates.append(pipeline_rps(samples))
         if decision.steps and not self.dry_run:
             started = time.monotonic()
             try:
@@ -141,8 +152,16 @@ class Autoscaler:
                 record["applied"] = True
                 record["move_s"] = round(time.monotonic() - started, 2)  # until the new worker was ready
                 self.last_move_s = time.monotonic()
+                if trial is not None:  # undone: not tried again at this mix for a while
+                    self.rejected.append(Rejected(trial.after, trial.mix, now + self.policy.retry_after_s))
+                else:  # judged on the next interval against the rate before it (two intervals, less noise)
+                    before = self.rates[-2:]
+                    self.trial = Trial(decision.current, decision.current | dict(decision.steps), sum(before) / len(before), mix_of(samples))
             except RuntimeFailure as error:  # the management API refused: said, nothing more changed by us
                 record["error"] = str(error).splitlines()[0]
+            # the next interval starts now, with the new workers ready: their start-up is not the split's load
+            self.meter.last = self.meter.read()
+            self.rates = []
         with open(self.decisions, "a") as out:
             out.write(json.dumps(record) + "\n")
         self.log(f"{record['time']} {decision.reason}" + (f" — {record['error']}" if record["error"] else ""))

@@ -4,7 +4,9 @@ import os
 
 import pytest
 
-from segserve.autoscale import Bounds, NodeSample, Policy, decide, split
+from dataclasses import replace
+
+from segserve.autoscale import Bounds, NodeSample, Policy, Trial, decide, judge, split
 from segserve.autoscaler import Autoscaler, core_budget, last_decisions, node_bounds, samples_between
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -141,7 +143,7 @@ def test_samples_between_two_reads_are_per_request_means_and_cores(monkeypatch):
     }
     after["counters"][("SegservePredictMs", SEG)] = 50 * 20.0
     seg, jpeg = samples_between(before, after, [SEG, JPEG])
-    assert seg == NodeSample(SEG, 1, 0.8, 4.0, 20.0)
+    assert seg == NodeSample(SEG, 1, 0.8, 4.0, 20.0, served_rps=10.0)
     assert jpeg.workers == 2 and jpeg.cpu_cores == 1.3 and jpeg.queue_ms == 90.0
 
 
@@ -154,6 +156,37 @@ def test_the_loop_scales_up_before_down_and_logs_every_decision(tmp_path, monkey
     assert record["applied"] is True and record["move"] == [(JPEG, 3), (SEG, 1)] and "takes a worker" in record["why"]
     logged = last_decisions(tmp_path)
     assert len(logged) == 1 and logged[0]["metrics"][1]["node"] == JPEG and logged[0]["move"] == [[JPEG, 3], [SEG, 1]]
+
+
+def with_rate(found: list[NodeSample], served_rps: float, jpeg_share: float = 0.8) -> list[NodeSample]:
+    """The samples with what the pipeline served, and a request mix (jpeg's share of the handler time)."""
+    handler = {SEG: 100 * (1 - jpeg_share), JPEG: 100 * jpeg_share}
+    return [replace(s, served_rps=served_rps, handler_ms=handler[s.node]) for s in found]
+
+
+def test_a_move_that_serves_less_is_undone_and_not_tried_again_at_the_same_mix(tmp_path, monkeypatch, no_metrics):
+    server = FakeServer({SEG: 2, JPEG: 2})
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_workers=4, min_interval_s=0), tmp_path)
+    monkeypatch.setattr(scaler.meter, "read", lambda: scaler.meter.last)
+    rates = iter([50.0, 40.0, 50.0])  # before the move, after it, after undoing it
+    monkeypatch.setattr(scaler.meter, "samples", lambda: with_rate(jpeg_heavy(server.workers[SEG], server.workers[JPEG]), next(rates)))
+    moved = scaler.step()
+    assert moved["move"] == [(JPEG, 3), (SEG, 1)] and scaler.trial.rate_before_rps == 50.0
+    undone = scaler.step()
+    assert undone["move"] == [(SEG, 2), (JPEG, 2)] and "undoing the move: 40.0 req/s after it, 50.0 before" in undone["why"]
+    assert server.workers == {SEG: 2, JPEG: 2} and server.calls[-4:] == [(SEG, 2), ("ready", SEG), (JPEG, 2), ("ready", JPEG)]
+    held = scaler.step()  # same loads, same mix: the undone split is not tried again
+    assert held["move"] == [] and "that split served less at this mix" in held["why"]
+    scaler.meter.samples = lambda: with_rate(jpeg_heavy(2, 2), 50.0, jpeg_share=0.4)  # another mix: it may try
+    assert scaler.step()["move"] == [(JPEG, 3), (SEG, 1)]
+
+
+def test_a_move_within_the_noise_is_kept():
+    trial = Trial({SEG: 2, JPEG: 2}, {SEG: 1, JPEG: 3}, 50.0, {SEG: 0.2, JPEG: 0.8})
+    kept = judge(trial, with_rate(jpeg_heavy(1, 3), 48.0), Policy(budget_workers=4, max_drop=0.05), 0.0)
+    assert kept.steps == [] and kept.reason.startswith("kept the move")
+    undone = judge(trial, with_rate(jpeg_heavy(1, 3), 47.0), Policy(budget_workers=4, max_drop=0.05), 0.0)
+    assert undone.steps == [(SEG, 2), (JPEG, 2)]
 
 
 def test_a_refusing_management_api_changes_nothing_more_and_is_logged(tmp_path, monkeypatch, no_metrics):
