@@ -138,7 +138,9 @@ def judge(trial: Trial, samples: list[NodeSample], policy: Policy, now_s: float)
         return decision
     decision.target = dict(trial.before)
     decision.steps = _ordered_steps(current, trial.before)
-    decision.reason = f"undoing the move: {rate:.1f} req/s after it, {trial.rate_before_rps:.1f} before (more than {policy.max_drop:.0%} less)"
+    decision.reason = (
+        f"undoing the move: {rate:.1f} req/s after it, {trial.rate_before_rps:.1f} before (more than {policy.max_drop:.0%} less)"
+    )
     return decision
 
 
