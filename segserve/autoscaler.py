@@ -156,7 +156,9 @@ class Autoscaler:
                     self.rejected.append(Rejected(trial.after, trial.mix, now + self.policy.retry_after_s))
                 else:  # judged on the next interval against the rate before it (two intervals, less noise)
                     before = self.rates[-2:]
-                    self.trial = Trial(decision.current, decision.current | dict(decision.steps), sum(before) / len(before), mix_of(samples))
+                    self.trial = Trial(
+                        decision.current, decision.current | dict(decision.steps), sum(before) / len(before), mix_of(samples)
+                    )
             except RuntimeFailure as error:  # the management API refused: said, nothing more changed by us
                 record["error"] = str(error).splitlines()[0]
             # the next interval starts now, with the new workers ready: their start-up is not the split's load
