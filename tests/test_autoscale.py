@@ -1,10 +1,9 @@
 """The autoscaler's decisions on recorded metric sequences (#16): no server, no timing."""
 
 import os
+from dataclasses import replace
 
 import pytest
-
-from dataclasses import replace
 
 from segserve.autoscale import Bounds, NodeSample, Policy, Trial, decide, judge, split
 from segserve.autoscaler import Autoscaler, core_budget, last_decisions, node_bounds, samples_between
