@@ -116,6 +116,10 @@ def mix_of(samples: list[NodeSample]) -> dict[str, float]:
     return {s.node: (s.handler_ms / total if total else 1 / len(samples)) for s in samples}
 
 
+def _shares(mix: dict[str, float]) -> str:
+    return "/".join(f"{share:.2f}" for share in mix.values())
+
+
 def same_mix(a: dict[str, float], b: dict[str, float], tolerance: float) -> bool:
     return sum(abs(a.get(n, 0.0) - b.get(n, 0.0)) for n in set(a) | set(b)) / 2 <= tolerance
 
@@ -151,8 +155,11 @@ def decide(
     now_s: float,
     last_move_s: float | None,
     rejected: list[Rejected] = (),
+    mix_before: dict[str, float] | None = None,
 ) -> Decision:
-    """The next move (Decision.steps), or none with the reason; `rejected`: splits undone at a mix (not retried)."""
+    """The next move (Decision.steps), or none with the reason; `rejected`: splits undone at a mix (not retried);
+    `mix_before`: the previous interval's mix: a move waits until the mix holds for two intervals, so that the
+    rate it is judged against was served at the same mix (a phase change moves the rate by itself)."""
     loads = {s.node: load_cores(s) for s in samples}
     current = {s.node: s.workers for s in samples}
     queue = {s.node: s.queue_ms for s in samples}
@@ -188,6 +195,9 @@ def decide(
         steps.append((shrink, current[shrink] - 1))
     after = current | dict(steps)
     mix = mix_of(samples)
+    if mix_before is not None and not same_mix(mix_before, mix, policy.mix_tolerance):
+        decision.reason = f"waiting: the request mix is moving ({_shares(mix_before)} → {_shares(mix)}), one more interval"
+        return decision
     if any(r.split == after and r.until_s > now_s and same_mix(r.mix, mix, policy.mix_tolerance) for r in rejected):
         decision.reason = f"holding: {grow} would take a worker, but that split served less at this mix (undone)"
         return decision

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from segserve.autoscale import Bounds, NodeSample, Policy, Rejected, Trial, decide, judge, mix_of, pipeline_rps
+from segserve.autoscale import Bounds, NodeSample, Policy, Rejected, Trial, decide, judge, mix_of, pipeline_rps, same_mix
 from segserve.bench.server_metrics import HANDLER_PREFIX, scrape
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -121,7 +121,8 @@ class Autoscaler:
         self.last_move_s: float | None = None
         self.trial: Trial | None = None  # the last move, judged on the next interval
         self.rejected: list[Rejected] = []
-        self.rates: list[float] = []  # the pipeline's req/s in each interval since the last move
+        self.rates: list[float] = []  # the pipeline's req/s in each interval since the last move, at this mix
+        self.last_mix: dict[str, float] | None = None
 
     def step(self) -> dict:
         samples = self.meter.samples()
@@ -131,7 +132,11 @@ class Autoscaler:
             decision = judge(trial, samples, self.policy, now)
         else:
             self.rejected = [r for r in self.rejected if r.until_s > now]
-            decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.rejected)
+            decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.rejected, self.last_mix)
+        mix = mix_of(samples)
+        if self.last_mix is not None and not same_mix(self.last_mix, mix, self.policy.mix_tolerance):
+            self.rates = []  # a move is judged against rates served at its own mix
+        self.last_mix = mix
         record = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "epoch_s": round(time.time(), 3),
@@ -156,9 +161,7 @@ class Autoscaler:
                     self.rejected.append(Rejected(trial.after, trial.mix, now + self.policy.retry_after_s))
                 else:  # judged on the next interval against the rate before it (two intervals, less noise)
                     before = self.rates[-2:]
-                    self.trial = Trial(
-                        decision.current, decision.current | dict(decision.steps), sum(before) / len(before), mix_of(samples)
-                    )
+                    self.trial = Trial(decision.current, decision.current | dict(decision.steps), sum(before) / len(before), mix)
             except RuntimeFailure as error:  # the management API refused: said, nothing more changed by us
                 record["error"] = str(error).splitlines()[0]
             # the next interval starts now, with the new workers ready: their start-up is not the split's load

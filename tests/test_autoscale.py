@@ -176,8 +176,9 @@ def test_a_move_that_serves_less_is_undone_and_not_tried_again_at_the_same_mix(t
     assert server.workers == {SEG: 2, JPEG: 2} and server.calls[-4:] == [(SEG, 2), ("ready", SEG), (JPEG, 2), ("ready", JPEG)]
     held = scaler.step()  # same loads, same mix: the undone split is not tried again
     assert held["move"] == [] and "that split served less at this mix" in held["why"]
-    scaler.meter.samples = lambda: with_rate(jpeg_heavy(2, 2), 50.0, jpeg_share=0.4)  # another mix: it may try
-    assert scaler.step()["move"] == [(JPEG, 3), (SEG, 1)]
+    scaler.meter.samples = lambda: with_rate(jpeg_heavy(2, 2), 50.0, jpeg_share=0.4)  # another mix: it may try,
+    assert "the request mix is moving (0.20/0.80 → 0.60/0.40)" in scaler.step()["why"]  # once the mix holds
+    assert scaler.step()["move"] == [(JPEG, 3), (SEG, 1)] and scaler.trial.rate_before_rps == 50.0
 
 
 def test_a_move_within_the_noise_is_kept():
