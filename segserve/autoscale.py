@@ -12,8 +12,9 @@ workers by the hysteresis, and never sooner than min_interval_s after the last m
 
 A move is a trial: the load model only says where the queue is, not whether another split serves more (on a
 small machine the nodes share the same cores). The interval after a move is judged on what the pipeline served:
-below (1 - max_drop) of its rate before the move, the move is undone and that split is not tried again at the
-same request mix (each node's share of a request's handler time) for retry_after_s.
+below (1 - max_drop) of its rate before the move, the move is undone. What both splits served is remembered for
+retry_after_s at that request mix (each node's share of a request's handler time): no move goes to a split known
+to serve no more than max_drop above the current rate there (no retrying an undone move, no flapping back).
 """
 
 import math
@@ -47,7 +48,7 @@ class Policy:
     min_interval_s: float = 15.0
     min_queue_ms: float = 5.0  # below this a node is keeping up, whatever its share
     max_drop: float = 0.05  # a move after which the pipeline serves less than (1 - this) of before is undone
-    retry_after_s: float = 300.0  # an undone split is not tried again at the same mix for this long
+    retry_after_s: float = 300.0  # what a split served at a mix is remembered this long
     mix_tolerance: float = 0.15  # mixes closer than this (half the L1 distance of the shares) are the same
 
 
@@ -62,9 +63,13 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Rejected:
+class Known:
+    """What a split served at a mix, measured around a move: a move toward a split known to serve no more than
+    max_drop above the current rate at the same mix is not made (an undone move, or flapping back)."""
+
     split: dict[str, int]
     mix: dict[str, float]
+    rate_rps: float
     until_s: float
 
 
@@ -154,10 +159,11 @@ def decide(
     policy: Policy,
     now_s: float,
     last_move_s: float | None,
-    rejected: list[Rejected] = (),
+    known: list[Known] = (),
     mix_before: dict[str, float] | None = None,
 ) -> Decision:
-    """The next move (Decision.steps), or none with the reason; `rejected`: splits undone at a mix (not retried);
+    """The next move (Decision.steps), or none with the reason; `known`: what splits served at a mix (a move to
+    one that served no more than the current rate × (1 + max_drop) at this mix is not made);
     `mix_before`: the previous interval's mix: a move waits until the mix holds for two intervals, so that the
     rate it is judged against was served at the same mix (a phase change moves the rate by itself)."""
     loads = {s.node: load_cores(s) for s in samples}
@@ -198,9 +204,18 @@ def decide(
     if mix_before is not None and not same_mix(mix_before, mix, policy.mix_tolerance):
         decision.reason = f"waiting: the request mix is moving ({_shares(mix_before)} → {_shares(mix)}), one more interval"
         return decision
-    if any(r.split == after and r.until_s > now_s and same_mix(r.mix, mix, policy.mix_tolerance) for r in rejected):
-        decision.reason = f"holding: {grow} would take a worker, but that split served less at this mix (undone)"
-        return decision
+    rate = pipeline_rps(samples)
+    for k in known:
+        if (
+            k.split == after
+            and k.until_s > now_s
+            and same_mix(k.mix, mix, policy.mix_tolerance)
+            and k.rate_rps <= rate * (1 + policy.max_drop)
+        ):
+            decision.reason = (
+                f"holding: {grow} would take a worker, but that split served {k.rate_rps:.1f} req/s at this mix ({rate:.1f} now)"
+            )
+            return decision
     decision.steps = steps
     moved = f", from {shrink}" if len(decision.steps) == 2 else ""
     decision.reason = (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from segserve.autoscale import Bounds, NodeSample, Policy, Rejected, Trial, decide, judge, mix_of, pipeline_rps, same_mix
+from segserve.autoscale import Bounds, Known, NodeSample, Policy, Trial, decide, judge, mix_of, pipeline_rps, same_mix
 from segserve.bench.server_metrics import HANDLER_PREFIX, scrape
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -120,7 +120,7 @@ class Autoscaler:
         self.meter = Meter(server, list(bounds))
         self.last_move_s: float | None = None
         self.trial: Trial | None = None  # the last move, judged on the next interval
-        self.rejected: list[Rejected] = []
+        self.known: list[Known] = []  # what splits served at a mix, from the moves' trials
         self.rates: list[float] = []  # the pipeline's req/s in each interval since the last move, at this mix
         self.last_mix: dict[str, float] | None = None
 
@@ -130,9 +130,14 @@ class Autoscaler:
         trial, self.trial = self.trial, None
         if trial is not None:
             decision = judge(trial, samples, self.policy, now)
+            until_s = now + self.policy.retry_after_s
+            self.known += [
+                Known(trial.before, trial.mix, trial.rate_before_rps, until_s),
+                Known(trial.after, trial.mix, pipeline_rps(samples), until_s),
+            ]
         else:
-            self.rejected = [r for r in self.rejected if r.until_s > now]
-            decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.rejected, self.last_mix)
+            self.known = [k for k in self.known if k.until_s > now]
+            decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.known, self.last_mix)
         mix = mix_of(samples)
         if self.last_mix is not None and not same_mix(self.last_mix, mix, self.policy.mix_tolerance):
             self.rates = []  # a move is judged against rates served at its own mix
@@ -157,9 +162,7 @@ class Autoscaler:
                 record["applied"] = True
                 record["move_s"] = round(time.monotonic() - started, 2)  # until the new worker was ready
                 self.last_move_s = time.monotonic()
-                if trial is not None:  # undone: not tried again at this mix for a while
-                    self.rejected.append(Rejected(trial.after, trial.mix, now + self.policy.retry_after_s))
-                else:  # judged on the next interval against the rate before it (two intervals, less noise)
+                if trial is None:  # judged on the next interval against the rate before it (two intervals, less noise)
                     before = self.rates[-2:]
                     self.trial = Trial(decision.current, decision.current | dict(decision.steps), sum(before) / len(before), mix)
             except RuntimeFailure as error:  # the management API refused: said, nothing more changed by us

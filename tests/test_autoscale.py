@@ -175,10 +175,24 @@ def test_a_move_that_serves_less_is_undone_and_not_tried_again_at_the_same_mix(t
     assert undone["move"] == [(SEG, 2), (JPEG, 2)] and "undoing the move: 40.0 req/s after it, 50.0 before" in undone["why"]
     assert server.workers == {SEG: 2, JPEG: 2} and server.calls[-4:] == [(SEG, 2), ("ready", SEG), (JPEG, 2), ("ready", JPEG)]
     held = scaler.step()  # same loads, same mix: the undone split is not tried again
-    assert held["move"] == [] and "that split served less at this mix" in held["why"]
+    assert held["move"] == [] and "that split served 40.0 req/s at this mix (50.0 now)" in held["why"]
     scaler.meter.samples = lambda: with_rate(jpeg_heavy(2, 2), 50.0, jpeg_share=0.4)  # another mix: it may try,
     assert "the request mix is moving (0.20/0.80 → 0.60/0.40)" in scaler.step()["why"]  # once the mix holds
     assert scaler.step()["move"] == [(JPEG, 3), (SEG, 1)] and scaler.trial.rate_before_rps == 50.0
+
+
+def test_a_kept_move_is_not_flapped_back_when_the_split_it_left_served_no_more(tmp_path, monkeypatch, no_metrics):
+    server = FakeServer({SEG: 2, JPEG: 2})
+    scaler = Autoscaler(server, BOUNDS, Policy(budget_workers=4, min_interval_s=0), tmp_path)
+    monkeypatch.setattr(scaler.meter, "read", lambda: scaler.meter.last)
+    # jpeg looks loaded at 2·2, and seg looks loaded at 1·3: the queue moves with the workers, the rate does not
+    loads = {(2, 2): jpeg_heavy(2, 2), (1, 3): seg_heavy(1, 3)}
+    monkeypatch.setattr(scaler.meter, "samples", lambda: with_rate(loads[server.workers[SEG], server.workers[JPEG]], 50.0))
+    assert scaler.step()["move"] == [(JPEG, 3), (SEG, 1)]
+    assert scaler.step()["why"].startswith("kept the move: 50.0 req/s after it")
+    back = scaler.step()
+    assert back["move"] == [] and "that split served 50.0 req/s at this mix (50.0 now)" in back["why"]
+    assert server.workers == {SEG: 1, JPEG: 3}
 
 
 def test_a_move_within_the_noise_is_kept():
