@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test lint fuzz chaos mix gpu-check clean
+.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test lint docs doc-check fuzz chaos mix gpu-check clean
 
 setup: $(STAMP) setup-pushgateway
 
@@ -59,6 +59,15 @@ run: build
 
 bench: build setup-numactl
 	$(BIN)/segserve bench benchmarks/grid.yaml
+
+# The reference pages and the suite's JSON Schema, generated from the code (a test fails when they are out of date).
+docs: setup
+	$(BIN)/python -m segserve.docs
+
+# Every command in README.md and docs/ run here or named with the test that runs it (make test runs the same check
+# as a test, without `make run`, which this target runs too).
+doc-check: setup
+	$(BIN)/python -m segserve.doccheck --full
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,4 +1,4 @@
-"""`segserve`: one entry point, subcommands (see DESIGN.md).
+"""`segserve`: one entry point, subcommands (docs/reference/cli.md).
 
 Errors print one line `error: ...` and exit 2 for usage/config errors, 1 for runtime failures.
 """
@@ -228,6 +228,15 @@ def cmd_pin(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.suite[0] == "schema":
+        import json
+
+        from segserve.docs import suite_schema
+
+        if len(args.suite) != 1:
+            raise UsageError("usage: segserve bench schema  (prints the suite format's JSON Schema)")
+        print(json.dumps(suite_schema(), indent=2))
+        return 0
     if args.suite[0] == "compare":
         from segserve.bench.compare import compare
 
@@ -401,9 +410,11 @@ def parser() -> argparse.ArgumentParser:
     sub = root.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train the model on synthetic data")
-    p.add_argument("--weights", default="weights/seg.pt")
-    p.add_argument("--backbone", default="mobilenet_v3_small", choices=["mobilenet_v3_small", "mobilenet_v3_large"])
-    p.add_argument("--steps", type=int, default=700)
+    p.add_argument("--weights", default="weights/seg.pt", help="where the trained state_dict goes (and a report beside it, .json)")
+    p.add_argument(
+        "--backbone", default="mobilenet_v3_small", choices=["mobilenet_v3_small", "mobilenet_v3_large"], help="torchvision backbone"
+    )
+    p.add_argument("--steps", type=int, default=700, help="training steps (deterministic: fixed seeds, 2 threads)")
     p.set_defaults(run=cmd_train)
 
     p = sub.add_parser(
@@ -419,7 +430,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", parents=[common], help="start TorchServe and register catalog targets (default: seg_jpeg's family)")
     p.add_argument("--targets", help=f"comma-separated catalog targets (default: {DEFAULT_DAG}'s members, workflow and fused twin)")
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
-    p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (see README)")
+    p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (docs/workers-and-cores.md)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
     p.add_argument("--endpoint-url", help="--model-store s3://…: the S3 endpoint (default: AWS's)")
     p.add_argument("--autoscale", action="store_true", help="also run `segserve autoscale` on the served workflow (stopped by --stop)")
@@ -432,12 +443,12 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_predict)
 
     p = sub.add_parser("token", parents=[common], help="print the key TorchServe generated")
-    p.add_argument("--api", default="inference", choices=["inference", "management"])
+    p.add_argument("--api", default="inference", choices=["inference", "management"], help="which API's key")
     p.set_defaults(run=cmd_token)
 
     p = sub.add_parser("scale", parents=[common], help="set the workers of a model or workflow node")
     p.add_argument("model", help="a registered model or workflow node (seg, seg_jpeg__seg), or a catalog target: all its models")
-    p.add_argument("--workers", type=int, required=True)
+    p.add_argument("--workers", type=int, required=True, help="workers (min = max): the management API's synchronous scale")
     p.set_defaults(run=cmd_scale)
 
     p = sub.add_parser(
@@ -498,9 +509,14 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "bench",
         help="run a benchmark suite, `bench compare OLD NEW`, `bench ab SUITE --a REF --b REF`, `bench replay RESULTS`, "
-        "or `bench collect STUDY`",
+        "`bench collect STUDY`, or `bench schema` (the suite format's JSON Schema, for editors)",
     )
-    p.add_argument("suite", nargs="+", metavar="SUITE.yaml | compare OLD NEW | ab SUITE.yaml | replay RESULTS | collect STUDY")
+    p.add_argument(
+        "suite",
+        nargs="+",
+        metavar="SUITE.yaml | compare OLD NEW | ab SUITE.yaml | replay RESULTS | collect STUDY | schema",
+        help="a suite file, or what to do (below)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
     p.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
     p.add_argument("--results", default="results", help="where result folders go (default: results)")

@@ -113,7 +113,16 @@ PARAMS = {
             per_node=True,
             doc="model optimisation applied at load (handlers/optimize.py); ipex needs grid.server.venv: [.venv-ipex]",
         ),
-        Param("jpeg_quality", "archive", Annotated[int, Field(ge=1, le=100)], (90,), ("quality",), frozenset({"jpeg"}), per_node=True),
+        Param(
+            "jpeg_quality",
+            "archive",
+            Annotated[int, Field(ge=1, le=100)],
+            (90,),
+            ("quality",),
+            frozenset({"jpeg"}),
+            per_node=True,
+            doc="quality of the JPEG answers (1–100)",
+        ),
         Param(
             "input_size",
             "archive",

@@ -27,32 +27,45 @@ PositiveInts = Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # a field's docstring is its description: in the JSON Schema and the generated suite reference
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class RawInput(Strict):
     """Raw tensors as the seed's clients sent them: synthetic images, normalised, in this dtype and shape."""
 
     dtype: Literal["float16", "float32", "bfloat16"] = "float16"
+    """Element type of the tensor body"""
     shape: tuple[Literal[3], Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = (3, 256, 448)
+    """[channels, height, width]: must match the seg handler's input size"""
     count: Annotated[int, Field(ge=1)] = 4
+    """Distinct bodies, sent round-robin"""
     seed: int = 7_000_000
+    """First synthetic image's seed (images are a pure function of their seed)"""
 
 
 class SyntheticPhotos(Strict):
     """JPEG photos made by the synthetic generator at this size (e.g. 1080×1920 for a phase of large photos)."""
 
     height: Annotated[int, Field(ge=8, le=8192)] = 1080
+    """Pixels"""
     width: Annotated[int, Field(ge=8, le=8192)] = 1920
+    """Pixels"""
     count: Annotated[int, Field(ge=1)] = 4
+    """Distinct photos, sent round-robin"""
     quality: Annotated[int, Field(ge=1, le=100)] = 90
+    """JPEG quality they are encoded at"""
     seed: int = 8_000_000
+    """First photo's seed"""
 
 
 class InputSpec(Strict):
-    images: list[str] | None = None  # files or globs, relative to the working directory
+    images: list[str] | None = None
+    """Image files or globs (JPEG, PNG), relative to the working directory"""
     raw: RawInput | None = None
+    """Raw tensor bodies (synthetic images, normalised)"""
     synthetic: SyntheticPhotos | None = None
+    """JPEG photos from the synthetic generator"""
 
     @model_validator(mode="after")
     def one_kind(self):
@@ -66,8 +79,11 @@ def _grid_fields(params, all_optional: bool = False) -> dict:
     when the suite gives none, else None (left out of the points)."""
     fields = {}
     for param in params:
-        values = Annotated[list[param.item], Field(min_length=1, description=param.doc)]
-        fields[param.name] = (values | None, None) if param.default is None or all_optional else (values, list(param.default))
+        values = Annotated[list[param.item], Field(min_length=1)]
+        if param.default is None or all_optional:
+            fields[param.name] = (values | None, Field(None, description=param.doc))
+        else:
+            fields[param.name] = (values, Field(list(param.default), description=param.doc))
     return fields
 
 
@@ -79,6 +95,7 @@ class ArchiveGrid(create_model("ArchiveFields", __base__=Strict, **_grid_fields(
     """Needs re-registration (and a new archive for handler settings); `nodes:` gives per-node values."""
 
     nodes: dict[str, NodeArchiveGrid] = {}
+    """Per DAG node values, e.g. {jpeg: {batch_size: [16, 32]}} (column jpeg_batch_size)"""
 
 
 class RuntimeGrid(create_model("RuntimeFields", __base__=Strict, **_grid_fields(at_level("runtime")))):
@@ -104,18 +121,27 @@ class LoadGrid(create_model("LoadFields", __base__=Strict, **_grid_fields(at_lev
 
 
 class Grid(Strict):
+    """Lists of values; every combination that applies to a target is a point."""
+
     server: ServerGrid = ServerGrid()
+    """A change restarts TorchServe"""
     archive: ArchiveGrid = ArchiveGrid()
+    """A change builds an archive and re-registers"""
     runtime: RuntimeGrid = RuntimeGrid()
+    """A change is a live management API call"""
     load: LoadGrid = LoadGrid(concurrency=[8])
+    """The load generator's settings: free to change"""
 
 
 class HttpTarget(Strict):
     """An endpoint segserve did not deploy: only load parameters apply. ${VAR} in headers: the environment's."""
 
     name: Annotated[str, Field(pattern=r"^[\w.-]+$")]
+    """The target's name in the results (not a catalog target's)"""
     url: str
+    """Plain http:// on loopback, with the path requests are sent to"""
     headers: dict[str, str] = {}
+    """Sent with every request; ${VAR} is taken from the environment"""
 
     @field_validator("url")
     @classmethod
@@ -143,10 +169,15 @@ class Phase(Strict):
     """One stretch of a time-varying load: its inputs and its concurrency or rate, for duration_s seconds."""
 
     name: Annotated[str, Field(pattern=r"^\w+$")]
+    """The phase's name in the records and the report (letters, digits, _)"""
     duration_s: Annotated[float, Field(gt=0)]
-    inputs: Annotated[list[InputSpec], Field(min_length=1)] | None = None  # none: the suite's inputs
-    concurrency: Annotated[int, Field(ge=1)] | None = None  # neither: the point's grid.load value
+    """How long the phase's load runs"""
+    inputs: Annotated[list[InputSpec], Field(min_length=1)] | None = None
+    """What the phase sends; none: the suite's inputs"""
+    concurrency: Annotated[int, Field(ge=1)] | None = None
+    """Closed loop: connections; neither this nor request_rate_rps: the point's grid.load value"""
     request_rate_rps: Annotated[float, Field(gt=0)] | None = None
+    """Open loop: arrivals per second"""
 
     @model_validator(mode="after")
     def one_load_mode(self):
@@ -159,21 +190,29 @@ class LoadSettings(Strict):
     """Fixed for every point."""
 
     arrival: Literal["constant", "poisson"] = "constant"
-    max_connections: Annotated[int, Field(ge=1)] = 64  # open loop: most requests in flight
+    """Open loop: evenly spaced arrivals, or a Poisson process"""
+    max_connections: Annotated[int, Field(ge=1)] = 64
+    """Open loop: the most requests in flight"""
     warmup_s: Annotated[float, Field(ge=0)] = 2.0
-    # more warm-up for a point that starts new workers (registered or scaled for it): their first requests are slow
+    """Load before measuring, not counted"""
     fresh_workers_warmup_s: Annotated[float, Field(ge=0)] = 0.0
+    """More warm-up for a point that starts new workers (registered or scaled for it): their first requests are slow"""
     window_s: Annotated[float, Field(gt=0)] = 3.0
+    """Length of one measured window"""
     stable_windows: Annotated[int, Field(ge=1)] = 3
+    """The last this many windows must agree within stability_tolerance"""
     max_windows: Annotated[int, Field(ge=1)] = 6
-    stability_tolerance: Annotated[float, Field(gt=0)] = 0.1  # (max - min) / mean of the last windows' throughput
-    # A window in which processes other than the server and the load generator took more than this share of the
-    # machine's CPU is discarded and measured again (up to max_windows more); too few clean ones: `disturbed`.
+    """Stop after this many windows, stable or not (flagged stable: false)"""
+    stability_tolerance: Annotated[float, Field(gt=0)] = 0.1
+    """(max - min) / mean of the last windows' throughput"""
     max_others_share: Annotated[float, Field(gt=0, le=1)] = 0.1
+    """A window in which other processes took more than this share of the machine's CPU is measured again (up to
+    max_windows more); too few clean ones: the point is flagged disturbed"""
     timeout_s: Annotated[float, Field(gt=0)] = 30.0
-    # A time-varying load: the phases run one after the other (after warmup_s of the first phase's load) and every
-    # point is measured over all of them: per phase and overall, no stability windows.
+    """A request without an answer after this long counts as failed (timeout)"""
     phases: Annotated[list[Phase], Field(min_length=1)] | None = None
+    """A time-varying load: the phases run one after the other (after warmup_s of the first phase's load) and every
+    point is measured over all of them, per phase and overall (no stability windows)"""
 
     @model_validator(mode="after")
     def enough_windows(self):
@@ -190,22 +229,33 @@ class AutoscalerSettings(Strict):
     measured; its budget is the point's workers (the static split it starts from)."""
 
     interval_s: Annotated[float, Field(gt=0)] = 5.0
+    """Between two decisions"""
     min_interval_s: Annotated[float, Field(ge=0)] = 15.0
+    """At least this long between two moves"""
     hysteresis: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    """A node's share of the load must exceed its share of the workers by this before it gets one"""
     min_queue_ms: Annotated[float, Field(ge=0)] = 5.0
+    """A node whose requests wait less than this in TorchServe's queue keeps up: no worker for it"""
 
 
 class Bound(Strict):
+    """Limits a metric's value must keep for a point to count (e.g. latency_p99_ms: {max: 500})."""
+
     min: float | None = None
+    """The least value allowed"""
     max: float | None = None
+    """The largest value allowed"""
 
 
 class Budget(Strict):
     """How much of the space a search may measure: a point count, a fraction of the grid, or minutes."""
 
     points: Annotated[int, Field(ge=1)] | None = None
+    """At most this many points"""
     fraction: Annotated[float, Field(gt=0, le=1)] | None = None
+    """At most this share of the grid's points"""
     minutes: Annotated[float, Field(gt=0)] | None = None
+    """Stop proposing points after this long"""
 
     @model_validator(mode="after")
     def one_kind(self):
@@ -219,15 +269,19 @@ class SearchSettings(Strict):
     """Which points to measure: every one (grid), or a search that proposes them within a budget."""
 
     strategy: Literal["grid", "random", "optuna", "auto"] = "grid"
-    budget: Budget | None = None  # none: the whole grid
+    """grid: every point; random; optuna (TPE or GP); auto: predicted from the members measured alone"""
+    budget: Budget | None = None
+    """How much to measure; none: the whole grid"""
     seed: int = 0
-    # optuna's sampler; on the recorded grid (benchmarks/recorded/search_grid) TPE found better points than GP at
-    # 10% and 20% of it, and asks in milliseconds where GP refits for seconds
+    """Seed of random and optuna"""
     sampler: Literal["tpe", "gp"] = "tpe"
-    # optuna: points proposed at a time and measured in the grid's order: fewer restarts, a little less guidance
+    """Optuna's sampler; on the recorded grid (benchmarks/recorded/search_grid) TPE found better points than GP at
+    10% and 20% of it, and asks in milliseconds where GP refits for seconds"""
     batch: Annotated[int, Field(ge=1)] = 1
-    # one or two metrics; two: optuna searches for the Pareto front (the report shows it); none: the suite's objective
+    """Optuna: points proposed at a time and measured in the grid's order: fewer restarts, a little less guidance"""
     objectives: Annotated[list[str], Field(min_length=1, max_length=2)] | None = None
+    """One or two metrics; two: optuna searches for the Pareto front (the report shows it); none: the suite's
+    objective"""
 
     @field_validator("objectives")
     @classmethod
@@ -238,20 +292,33 @@ class SearchSettings(Strict):
 
 
 class Suite(Strict):
+    """A benchmark suite: what to measure (targets, inputs, a grid of parameters), how (load), and what is best."""
+
     name: str | None = None
+    """The result folder's name (results/<name>/<UTC time>); none: the file's name"""
     targets: Annotated[list[str | HttpTarget], Field(min_length=1)]
+    """Catalog targets (seg, jpeg, seg_jpeg, seg_jpeg_fused, …) and http targets"""
     inputs: Annotated[list[InputSpec], Field(min_length=1)]
+    """What the clients send, round-robin (targets that take class maps get the seg handler's answers to them)"""
     grid: Grid = Grid()
+    """The parameters swept, in four levels by what a change costs: server, archive, runtime, load"""
     load: LoadSettings = LoadSettings()
+    """How every point is measured"""
     constraints: dict[str, Bound] = {}
+    """Metric → bounds a point must keep to count"""
     objective: str = "throughput_rps"
-    core_plan: str | None = None  # the plan used by grid.server.pinning "plan"
+    """The metric the best point is chosen by (its direction from the metric table)"""
+    core_plan: str | None = None
+    """The core plan file used by grid.server.pinning `plan`"""
     search: SearchSettings = SearchSettings()
-    # best: after the suite, serve its best point again and profile it under load (segserve profile): flame graphs
-    # of every worker, a torch.profiler trace per node, the profiler's cost; into <result folder>/profile/
+    """Which points to measure"""
     profile: Literal["best"] | None = None
+    """best: after the suite, serve its best point again and profile it under load (segserve profile): flame graphs
+    of every worker, a torch.profiler trace per node, the profiler's cost; into <result folder>/profile/"""
     profile_seconds: Annotated[float, Field(gt=0)] = 10.0
+    """How long profile: best samples"""
     autoscaler: AutoscalerSettings = AutoscalerSettings()
+    """How autoscaled points (grid.runtime.autoscale) run the autoscaler"""
 
     @model_validator(mode="after")
     def plan_for_pinning(self):
