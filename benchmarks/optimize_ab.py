@@ -1,4 +1,4 @@
-"""Optimisations side by side (README, "Optimisations and profiling"): for each TARGET:A:B, the suite's point of
+"""Optimisations side by side (docs/optimisation.md): for each TARGET:A:B, the suite's point of
 that target with optimize=A and with optimize=B (in segserve's own venv), each registered afresh and measured in
 turn, A B / B A, for ROUNDS rounds on one TorchServe. Prints each round and B ÷ A with its 95% interval (t over
 the rounds' ratios, as `bench ab` pairs them): a ratio measured in one run, not two numbers from different hours.

@@ -1,4 +1,4 @@
-"""Where a gate's noise comes from (README, "Numbers you can trust"): each target of the gate suite at 16
+"""Where a gate's noise comes from (docs/benchmarking.md, "Numbers you can trust"): each target of the gate suite at 16
 connections is registered REGISTRATIONS times (other targets in between) and measured 3 times per registration
 (0.3 s warm-up, 3 windows of 0.6 s). Prints, per target and window rule (fixed edges, edges on completions):
 the spread of windows within a measurement, of measurements within a registration, and of registrations.

@@ -1,4 +1,4 @@
-"""Re-measure the best point of two runs of the same suite side by side (README, "Searching"): the best candidate
+"""Re-measure the best point of two runs of the same suite side by side (docs/search.md): the best candidate
 (under the suite's constraints) of result folder A and of B, each registered afresh and measured in turn, A B,
 B A, … for ROUNDS rounds on one TorchServe. Prints each round's throughput and B ÷ A − 1 with its 95% interval
 (t over the rounds, as `bench ab` pairs them).
