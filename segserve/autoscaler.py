@@ -126,19 +126,18 @@ class Autoscaler:
 
     def step(self) -> dict:
         samples = self.meter.samples()
-        now = time.monotonic()
+        now, rate, mix = time.monotonic(), pipeline_rps(samples), mix_of(samples)
         trial, self.trial = self.trial, None
         if trial is not None:
             decision = judge(trial, samples, self.policy, now)
             until_s = now + self.policy.retry_after_s
             self.known += [
                 Known(trial.before, trial.mix, trial.rate_before_rps, until_s),
-                Known(trial.after, trial.mix, pipeline_rps(samples), until_s),
+                Known(trial.after, trial.mix, rate, until_s),
             ]
         else:
             self.known = [k for k in self.known if k.until_s > now]
             decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.known, self.last_mix)
-        mix = mix_of(samples)
         if self.last_mix is not None and not same_mix(self.last_mix, mix, self.policy.mix_tolerance):
             self.rates = []  # a move is judged against rates served at its own mix
         self.last_mix = mix
@@ -152,7 +151,7 @@ class Autoscaler:
             "applied": False,
             "error": None,
         }
-        self.rates.append(pipeline_rps(samples))
+        self.rates.append(rate)
         if decision.steps and not self.dry_run:
             started = time.monotonic()
             try:

@@ -46,17 +46,7 @@ def measure(
     """The metrics of one point: throughput and latency from the stable windows, server columns where it is ours.
     fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more).
     prune(window rates so far) → True: the point is hopeless (a search's pruner): stop measuring it, `pruned`."""
-    spec = LoadSpec(
-        url=endpoint.url,
-        path=endpoint.path,
-        bodies=bodies,
-        token=endpoint.token,
-        headers=endpoint.headers,
-        concurrency=params.get("concurrency", load.max_connections),
-        request_rate_rps=params.get("request_rate_rps"),
-        arrival=load.arrival,
-        timeout_s=load.timeout_s,
-    )
+    spec = _load_spec(endpoint, load, bodies, params.get("concurrency", load.max_connections), params.get("request_rate_rps"))
     window_s, warmup_s = load.window_s, load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
     ours = endpoint.metrics_url is not None
     # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
@@ -107,18 +97,11 @@ def measure(
     measured = result.windows(used)
     ok_latencies = [lat for lat, ok in zip(measured.latency_ms, measured.ok, strict=True) if ok]
     requests_ok = len(ok_latencies)
-    client_cpu_pct = 100 * result.client_cpu_s / result.wall_s if result.wall_s else None
     shares = [others_share(span) for span in all_spans]
     steal = [disturbance.share(*span)[1] for span in all_spans] if disturbance else []
     window_rates = rates(result, all_spans)
     used_rates = rates(result, used)  # the windows the numbers come from
     interval = mean_interval(used_rates)
-    server = {}
-    if ours:
-        server = {
-            **per_request_ms(before, after, list(endpoint.models), len(result.status)),
-            **stage_columns(handler_stages(before, after, list(endpoint.models))),
-        }
     return {
         "duration_s": measured.wall_s,
         "requests_ok": requests_ok,
@@ -130,10 +113,8 @@ def measure(
         "throughput_ci_low_rps": interval[0] if interval else None,
         "throughput_ci_high_rps": interval[1] if interval else None,
         **latency_summary(ok_latencies),
-        **server,
-        "client_cpu_pct": client_cpu_pct,
-        "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
-        "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
+        **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
+        **_client_columns(result),
         "stable": stable,
         "pruned": pruned,
         "windows": len(window_rates),
@@ -169,17 +150,7 @@ def measure_phases(
         if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
             rate = params.get("request_rate_rps")
         concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
-        return LoadSpec(
-            url=endpoint.url,
-            path=endpoint.path,
-            bodies=bodies_by_phase[phase.name],
-            token=endpoint.token,
-            headers=endpoint.headers,
-            concurrency=concurrency,
-            request_rate_rps=rate,
-            arrival=load.arrival,
-            timeout_s=load.timeout_s,
-        )
+        return _load_spec(endpoint, load, bodies_by_phase[phase.name], concurrency, rate)
 
     ours = endpoint.metrics_url is not None
     warmup_s = load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
@@ -209,38 +180,60 @@ def measure_phases(
                 "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
             }
         )
-        everything.latency_ms += ok
+        everything.latency_ms += result.latency_ms
         everything.status += result.status
         everything.wall_s += result.wall_s
         everything.client_cpu_s += result.client_cpu_s
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
-    requests_ok = sum(p["requests_ok"] for p in phases)
-    client_cpu_pct = 100 * everything.client_cpu_s / everything.wall_s if everything.wall_s else None
-    server = {}
-    if ours:
-        server = {
-            **per_request_ms(before, after, list(endpoint.models), len(everything.status)),
-            **stage_columns(handler_stages(before, after, list(endpoint.models))),
-        }
+    ok_latencies = [lat for lat, good in zip(everything.latency_ms, everything.ok, strict=True) if good]
+    requests_ok = len(ok_latencies)
     return {
         "duration_s": everything.wall_s,
         "requests_ok": requests_ok,
         "requests_failed": len(everything.status) - requests_ok,
         "failures_by_status": {k: v for k, v in everything.status_counts().items() if not k.startswith("2")},
         "throughput_rps": requests_ok / everything.wall_s if everything.wall_s else 0.0,
-        **latency_summary(everything.latency_ms),  # the successful requests' latencies, every phase
+        **latency_summary(ok_latencies),  # every phase's
         "phases": phases,
-        **server,
-        "client_cpu_pct": client_cpu_pct,
-        "client_cpu_ms_per_request": 1000 * everything.client_cpu_s / max(len(everything.status), 1),
-        "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
+        **(_server_columns(endpoint, before, after, len(everything.status)) if ours else {}),
+        **_client_columns(everything),
         "stable": None,  # phases are measured as they come, not until they settle
         "pruned": False,
         "windows": len(phases),
         "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],
         "warmup_s": warmup_s,
         **server_usage,
+    }
+
+
+def _load_spec(endpoint: Endpoint, load: LoadSettings, bodies: list[bytes], concurrency: int, rate_rps: float | None) -> LoadSpec:
+    return LoadSpec(
+        url=endpoint.url,
+        path=endpoint.path,
+        bodies=bodies,
+        token=endpoint.token,
+        headers=endpoint.headers,
+        concurrency=concurrency,
+        request_rate_rps=rate_rps,
+        arrival=load.arrival,
+        timeout_s=load.timeout_s,
+    )
+
+
+def _server_columns(endpoint: Endpoint, before: dict, after: dict, requests: int) -> dict:
+    """TorchServe's per-request means and the handlers' stages between two scrapes (an endpoint of ours)."""
+    models = list(endpoint.models)
+    return {**per_request_ms(before, after, models, requests), **stage_columns(handler_stages(before, after, models))}
+
+
+def _client_columns(result) -> dict:
+    """The load generator's own CPU over a run: whether it, not the server, may have been the limit."""
+    client_cpu_pct = 100 * result.client_cpu_s / result.wall_s if result.wall_s else None
+    return {
+        "client_cpu_pct": client_cpu_pct,
+        "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
+        "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
     }
 
 
