@@ -68,6 +68,18 @@ BROKEN = {
 }
 
 
+def test_every_shipped_workflow_asks_a_node_again_before_a_client_gives_up():
+    """TorchServe 0.12 can drop a workflow node's answer (docs/serving.md): a node must be asked again after its
+    timeout-ms, inside the load generator's 30 s, or the request is lost (a CI run failed on it)."""
+    from segserve.bench.load import LoadSpec
+
+    client_timeout_ms = LoadSpec.__dataclass_fields__["timeout_s"].default * 1000
+    for path in sorted((ROOT / "workflows").glob("*.yaml")):
+        models = yaml.safe_load(path.read_text())["models"]
+        assert models["retry-attempts"] >= 1, path.name
+        assert models["timeout-ms"] * (models["retry-attempts"] + 1) < client_timeout_ms, path.name
+
+
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_a_broken_workflow_yaml_is_one_error_line_naming_file_and_node_before_anything_starts(case, tmp_path, monkeypatch, capsys):
     project = copy_project(tmp_path / "project")
