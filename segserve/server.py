@@ -140,15 +140,17 @@ class TorchServe:
         sizes = _sizes(logs)
         # The capture process leads a new session and process group; the launcher, Java and the workers join it.
         capture = [sys.executable, "-m", "segserve.processes", "capture", str(logs / "torchserve.out")]
-        capture_process = subprocess.Popen(
-            [*capture, str(self.log_file_max_bytes), str(self.log_files_kept), *command],
-            cwd=self.run_dir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # The capture process's own errors (it cannot start, say) are the only trace of a start that never logged.
+        with open(logs / "capture.err", "wb") as capture_errors:
+            capture_process = subprocess.Popen(
+                [*capture, str(self.log_file_max_bytes), str(self.log_files_kept), *command],
+                cwd=self.run_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=capture_errors,
+                start_new_session=True,
+            )
         self.pid_path.write_text(str(capture_process.pid))  # for people and scripts; segserve finds the server by its processes
         deadline = time.monotonic() + startup_timeout_s
         while time.monotonic() < deadline:
@@ -210,7 +212,9 @@ class TorchServe:
             where = re.search(r"Failed to bind to address: (\S+)", added)
             where = where.group(1) if where else "one of ports " + ", ".join(str(port) for _, _, port in self.ports())
             return RuntimeFailure(f"TorchServe could not listen on {where}: Address already in use (free again now)")
-        return RuntimeFailure(f"TorchServe exited with code {code} while starting:\n{self.log_tail(15)}")
+        capture_errors = (self.run_dir / "logs" / "capture.err").read_text(errors="replace").strip().splitlines()[-15:]
+        tail = "\n".join(capture_errors) if capture_errors else self.log_tail(15)
+        return RuntimeFailure(f"TorchServe exited with code {code} while starting:\n{tail}")
 
     def running_pid(self) -> int | None:
         """The server's process group (the pid of the process that leads it) while any of its processes lives."""

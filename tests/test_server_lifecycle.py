@@ -181,6 +181,22 @@ def test_a_port_taken_while_torchserve_starts_is_one_line(tmp_path, monkeypatch)
     assert processes.server_processes(server.run_dir) == []
 
 
+def test_a_start_that_never_logged_says_why(tmp_path, monkeypatch):
+    """The output capture that starts TorchServe failing before anything logs (segserve not importable where it
+    runs, say): its error is the reason given (it used to be an empty one)."""
+    shadow = tmp_path / "shadow" / "segserve"  # a segserve that cannot start the capture, first on the path
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("")
+    (shadow / "processes.py").write_text("raise ImportError('the capture cannot start (on purpose)')\n")
+    monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
+    server = TorchServe(tmp_path / "run", tmp_path, CONFIG, free_ports=True)
+    with pytest.raises(RuntimeFailure) as failure:
+        server.start(log=lambda _: None)
+    lines = str(failure.value).splitlines()
+    assert lines[0] == "TorchServe exited with code 1 while starting:"
+    assert lines[-1] == "ImportError: the capture cannot start (on purpose)"
+
+
 @pytest.mark.integration
 def test_stop_ends_frontend_and_workers_after_the_launcher_died(model_store, tmp_path, capsys):
     server = TorchServe(tmp_path / "run", model_store, CONFIG, free_ports=True)
