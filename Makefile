@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test lint docs doc-check fuzz chaos mix gpu-check clean
+.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean
 
 setup: $(STAMP) setup-pushgateway
 
@@ -97,6 +97,12 @@ mix: build
 gpu-check: setup
 	$(BIN)/python -m pytest -m gpu -v -p no:cacheprovider
 	$(BIN)/python -m segserve.bench.gpu_check --seconds 10
+
+# The GPU check for a bare CUDA machine (no registry, no Java): gpu_bundle/run.sh and payload.tar.xz (the project,
+# the trained weights, the wheels the checks import, a Java runtime), at most 60 MiB. `gpu_bundle/run.sh --dry-run`
+# runs every step here without CUDA (docs/gpu.md).
+gpu-bundle: build
+	$(BIN)/python -m segserve.gpu_bundle build
 
 clean:
 	rm -rf model_store out .segserve

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The GPU check, unattended, on a machine with CUDA, Python ≥ 3.11 and torch ≥ 2.4 with its torchvision, and
+# nothing else of ours: no registry, no Java, no torchserve, no pydantic (docs/gpu.md).
+#
+#   gpu_bundle/run.sh [--dry-run]
+#
+# Unpacks payload.tar.xz beside it, installs its wheels into a venv that sees the interpreter's torch, runs the
+# `gpu` tests, serves the workflow and the fused pipeline on a real TorchServe (the bundle's Java runtime) and
+# segments the samples through both, runs benchmarks/gpu.yaml (seg, jpeg, workflow, fused; raw FP16
+# [3, 256, 448], 128 connections), and writes summary.json and summary.txt to $OUT.
+# Every step has a timeout; a step that fails is reported and the next one still runs where it can.
+#
+# --dry-run: the same steps where CUDA is absent (the gpu tests skip with their reason; the benchmark computes in
+# fp32, as fp16 convolutions on a CPU measure nothing of interest). Without it, a machine without CUDA is a failure.
+# Environment: OUT (default ./gpu_out), PYTHON (an interpreter with torch; default python3), WORK (scratch;
+# default a new folder under /tmp).
+# Exit status: 0 when every step passed (and, without --dry-run, CUDA was there), else 1; 2 for a usage error.
+set -uo pipefail
+
+DRY_RUN=0
+case "${1:-}" in
+  "") ;;
+  --dry-run) DRY_RUN=1 ;;
+  *) echo "usage: $0 [--dry-run]" >&2; exit 2 ;;
+esac
+[ $# -le 1 ] || { echo "usage: $0 [--dry-run]" >&2; exit 2; }
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=${OUT:-$PWD/gpu_out}
+PYTHON=${PYTHON:-python3}
+WORK=${WORK:-$(mktemp -d /tmp/segserve-gpu.XXXXXX)}
+mkdir -p "$OUT" "$WORK/logs"
+OUT=$(cd "$OUT" && pwd)
+export OUT WORK DRY_RUN
+LOG=$OUT/run.log
+: > "$LOG"
+: > "$WORK/steps.jsonl"
+STARTED=$(date +%s)
+FAILED=0
+
+# step NAME TIMEOUT_S COMMAND...: runs it with a timeout and no input; its output goes to $WORK/logs/NAME.log
+# and into run.log; one JSON line per step in $WORK/steps.jsonl.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local begun=$(date +%s.%N)
+  echo "== $name (timeout ${limit} s)" | tee -a "$LOG"
+  # a bash in between: the steps are functions of this script (exported below)
+  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" < /dev/null > "$WORK/logs/$name.log" 2>&1
+  local rc=$?
+  local seconds=$(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $begun}")
+  cat "$WORK/logs/$name.log" >> "$LOG"
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "   $name: TIMED OUT after $limit s" | tee -a "$LOG"
+  echo "   $name: exit $rc, $seconds s" | tee -a "$LOG"
+  printf '{"step": "%s", "rc": %d, "seconds": %s, "timeout_s": %d}\n' "$name" "$rc" "$seconds" "$limit" >> "$WORK/steps.jsonl"
+  [ $rc -eq 0 ] || FAILED=1
+  return $rc
+}
+
+unpack() {
+  "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+    "$HERE/payload.tar.xz" "$WORK" && ls "$WORK"
+}
+
+facts() {
+  "$PYTHON" - <<'EOF'
+import json, os, platform, shutil, subprocess, sys
+import torch, torchvision
+facts = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+         "torch": torch.__version__, "torchvision": torchvision.__version__, "cuda": torch.cuda.is_available(),
+         "dry_run": os.environ["DRY_RUN"] == "1"}
+if facts["cuda"]:
+    facts.update(device=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
+                 cuda_runtime=torch.version.cuda)
+if shutil.which("nvidia-smi"):
+    facts["nvidia_smi"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout.strip()
+java = os.path.join(os.environ["WORK"], "jre", "bin", "java")
+facts["java"] = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20).stderr.splitlines()[0]
+json.dump(facts, open(os.path.join(os.environ["WORK"], "facts.json"), "w"), indent=2)
+print(json.dumps(facts, indent=2))
+if not facts["cuda"] and not facts["dry_run"]:
+    sys.exit("CUDA is not available (torch.cuda.is_available() is False): this is not a GPU run; --dry-run runs without it")
+EOF
+}
+
+make_venv() {
+  "$PYTHON" -m venv --without-pip "$WORK/venv" || return 1
+  local site torch_site
+  site=$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') || return 1
+  # the venv sees the interpreter's torch (and what came with it: numpy, pillow, pip) through a .pth file; its own
+  # site-packages, where the wheels go, comes first on sys.path
+  torch_site=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))') || return 1
+  echo "$torch_site" > "$site/system-torch.pth"
+  # and the project, from any folder (TorchServe's output capture and workers start in their own)
+  echo "$WORK/project" > "$site/segserve-project.pth"
+  "$WORK/venv/bin/python" -m pip install --quiet --no-index --no-deps --no-cache-dir --ignore-installed \
+    --find-links "$WORK/wheels" $(cd "$WORK/wheels" && ls | sed 's/-[0-9].*//' | sort -u) || return 1
+  "$WORK/venv/bin/python" -m pip list 2>/dev/null | grep -Ei '^(torch|torchvision|torchserve|torch-model-archiver|torch-workflow-archiver|pydantic|pydantic_core|PyYAML|psutil|pytest|numpy|pillow) '
+  cd "$WORK/project" && "$WORK/venv/bin/python" -c 'import segserve.cli, handlers.segmentation, ts; print("imports: ok")'
+}
+
+in_project() { cd "$WORK/project" && "$@"; }
+
+export -f unpack facts make_venv in_project
+export HERE PYTHON
+export JAVA_HOME=$WORK/jre
+export PATH=$WORK/venv/bin:$WORK/jre/bin:$PATH
+export PYTHONUNBUFFERED=1
+
+step unpack 60 unpack || { echo "cannot unpack $HERE/payload.tar.xz" | tee -a "$LOG"; exit 1; }
+step facts 60 facts
+step venv 120 make_venv
+step gpu_tests 150 in_project python -m pytest -m gpu -v -p no:cacheprovider --junitxml="$WORK/gpu_tests.xml" \
+  tests/test_handlers.py tests/test_batching.py
+step build 120 in_project python -m segserve.cli build
+step serve 150 in_project python -m segserve.gpu_summary serve "$WORK/serve.json"
+step bench 300 in_project python -m segserve.gpu_summary bench "$WORK/results"
+step summary 60 in_project python -m segserve.gpu_bundle summary "$WORK" "$OUT"
+cp "$WORK/gpu_tests.xml" "$OUT/" 2>/dev/null
+echo "run.sh: $(( $(date +%s) - STARTED )) s; results in $OUT; scratch in $WORK" | tee -a "$LOG"
+[ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"
+exit $FAILED
