@@ -62,6 +62,13 @@ RULES: list[tuple[str, str, str]] = [
         "a long run outside make test; its harness: tests/test_fuzz.py::test_a_bounded_fuzz_run_finds_no_crash_hang_or_bad_answer",
     ),
     (r"^make gpu-check$", "ci", "needs CUDA; its tests are marked gpu and skip here with the reason"),
+    (r"^make gpu-bundle$", "test", "tests/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step"),
+    (
+        r"^gpu_bundle/run\.sh --dry-run$",
+        "test",
+        "tests/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step",
+    ),
+    (r"^gpu_bundle/run\.sh$", "ci", "needs CUDA (a lent device); its dry run: tests/test_gpu_bundle.py"),
     (r"^wait$", "run", "the shell's"),
     (r"segserve bench schema", "run", ""),
     (r"segserve bench (benchmarks/\S+\.yaml)", "dry-run", ""),
