@@ -66,7 +66,7 @@ facts() {
   "$PYTHON" - <<'EOF'
 import json, os, platform, shutil, subprocess, sys
 import torch, torchvision
-facts = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+facts = {"python": platform.python_version(), "machine": platform.machine(), "libc": " ".join(platform.libc_ver()), "cpus": os.cpu_count(),
          "torch": torch.__version__, "torchvision": torchvision.__version__, "cuda": torch.cuda.is_available(),
          "dry_run": os.environ["DRY_RUN"] == "1"}
 if facts["cuda"]:
@@ -74,10 +74,13 @@ if facts["cuda"]:
                  cuda_runtime=torch.version.cuda)
 if shutil.which("nvidia-smi"):
     facts["nvidia_smi"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout.strip()
-java = os.path.join(os.environ["WORK"], "jre", "bin", "java")
-facts["java"] = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20).stderr.splitlines()[0]
+java = os.path.join(os.environ["WORK"], "jre", "bin", "java")  # built against glibc 2.34
+answer = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=20)
+facts["java"] = (answer.stderr.splitlines() or ["no answer"])[0] if answer.returncode == 0 else f"FAILED: {answer.stderr.strip()[-300:]}"
 json.dump(facts, open(os.path.join(os.environ["WORK"], "facts.json"), "w"), indent=2)
 print(json.dumps(facts, indent=2))
+if facts["java"].startswith("FAILED"):
+    sys.exit(f"the bundled Java runtime does not run here: {facts['java']}")
 if not facts["cuda"] and not facts["dry_run"]:
     sys.exit("CUDA is not available (torch.cuda.is_available() is False): this is not a GPU run; --dry-run runs without it")
 EOF
@@ -110,6 +113,8 @@ export PYTHONUNBUFFERED=1
 step unpack 60 unpack || { echo "cannot unpack $HERE/payload.tar.xz" | tee -a "$LOG"; exit 1; }
 step facts 60 facts
 step venv 120 make_venv
+# the interpreter's own pytest plugins (xdist, cov, benchmark…) stay out: they may not fit the bundle's pytest
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 step gpu_tests 150 in_project python -m pytest -m gpu -v -p no:cacheprovider --junitxml="$WORK/gpu_tests.xml" \
   tests/test_handlers.py tests/test_batching.py
 step build 120 in_project python -m segserve.cli build
