@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean
+.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean
 
 setup: $(STAMP) setup-pushgateway
 
@@ -73,8 +73,12 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# make test stays under 25 minutes on 2 cores; tests marked long (minutes each) run in make test-long.
 test: lint setup-postgres setup-pushgateway
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not long"
+
+test-long: setup
+	$(BIN)/python -m pytest -m long
 
 # Hostile inputs against every handler's input path, each in a child process, for 15 minutes (FUZZ_SECONDS; `make test`
 # runs a bounded 2-minute version); new crashing inputs are saved to tests/fuzz_corpus/.

@@ -54,6 +54,7 @@ def commands(root: Path = ROOT) -> list[Command]:
 # (pattern, how, detail): the first pattern that matches a command (re.search) says how it is checked
 RULES: list[tuple[str, str, str]] = [
     (r"^make test$", "ci", "what .ci/run runs"),
+    (r"^make test-long$", "ci", "the tests marked long, outside make test: tests/test_optimize.py's variant sweeps"),
     (r"^make run$", "full", "run by `make doc-check` (python -m segserve.doccheck --full), not in make test (~4 min, default ports)"),
     (r"^make build$", "walkthrough", "run as its recipe, segserve build"),
     (

@@ -74,27 +74,28 @@ def uncompress_torchserve(wheel: Path) -> None:
     (42 MB deflated file by file; about half that as one xz stream). Same files, same contents; the jar's RECORD
     line gets its new hash and size."""
     jar_name = "ts/frontend/model-server.jar"
-    with tempfile.TemporaryDirectory() as scratch:
-        jar = Path(scratch) / "model-server.jar"
-        with zipfile.ZipFile(wheel) as source:
-            members = {info.filename: source.read(info) for info in source.infolist()}
-        with zipfile.ZipFile(jar, "w", zipfile.ZIP_STORED) as stored, zipfile.ZipFile(io.BytesIO(members[jar_name])) as deflated:
-            for info in deflated.infolist():
-                stored.writestr(_stored_info(info), deflated.read(info))
-        members[jar_name] = jar.read_bytes()
-    record_name = next(name for name in members if name.endswith(".dist-info/RECORD"))
-    digest = base64.urlsafe_b64encode(hashlib.sha256(members[jar_name]).digest()).rstrip(b"=").decode()
+    with zipfile.ZipFile(wheel) as source:
+        members = [(info, source.read(info)) for info in source.infolist()]
+    contents = {info.filename: data for info, data in members}
+    jar = io.BytesIO()
+    with zipfile.ZipFile(jar, "w", zipfile.ZIP_STORED) as stored, zipfile.ZipFile(io.BytesIO(contents[jar_name])) as deflated:
+        for info in deflated.infolist():
+            stored.writestr(_stored(info), deflated.read(info))
+    contents[jar_name] = jar.getvalue()
+    record_name = next(name for name in contents if name.endswith(".dist-info/RECORD"))
+    digest = base64.urlsafe_b64encode(hashlib.sha256(contents[jar_name]).digest()).rstrip(b"=").decode()
     lines = [
-        f"{jar_name},sha256={digest},{len(members[jar_name])}" if line.startswith(jar_name + ",") else line
-        for line in members[record_name].decode().splitlines()
+        f"{jar_name},sha256={digest},{len(contents[jar_name])}" if line.startswith(jar_name + ",") else line
+        for line in contents[record_name].decode().splitlines()
     ]
-    members[record_name] = ("\n".join(lines) + "\n").encode()
+    contents[record_name] = ("\n".join(lines) + "\n").encode()
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as out:
-        for name, data in members.items():
-            out.writestr(_stored_info(zipfile.ZipInfo(name)), data)
+        for info, _ in members:
+            out.writestr(_stored(info), contents[info.filename])
 
 
-def _stored_info(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
+def _stored(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
+    """The same entry (name, time, permissions), stored."""
     stored = zipfile.ZipInfo(info.filename, info.date_time)
     stored.external_attr = info.external_attr
     stored.compress_type = zipfile.ZIP_STORED

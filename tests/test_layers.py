@@ -4,7 +4,7 @@
 1 segserve core      catalog, archives, the server, the client: nothing of the bench
 2 bench: measure     suite, parameters, plan, search, deploy, load, measure, the loop, results on disk, the autoscaler loop
 3 bench: analyse     analyses and every renderer and writer of results (report, plots, sinks, core plans)
-4 entry points       the CLI, the suite session, chaos, fuzz, one-off benchmarks, optimize, profile, the docs generator
+4 entry points       the CLI, the suite session, chaos, fuzz, one-off benchmarks, optimize, profile, the docs generator, the GPU bundle
 """
 
 import ast
@@ -62,6 +62,8 @@ LAYERS = {
             "segserve.profile",
             "segserve.docs",
             "segserve.doccheck",
+            "segserve.gpu_bundle",
+            "segserve.gpu_summary",
         ],
         4,
     ),

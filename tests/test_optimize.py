@@ -118,6 +118,7 @@ def segserve(*args: str, cwd: Path = ROOT, timeout_s: float = 900) -> subprocess
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
 
 
+@pytest.mark.long  # ~90 s: compiles and measures every variant (make test-long)
 def test_segserve_optimize_measures_each_variant_against_eager_and_writes_the_best_valid_archive(trained_weights, tmp_path):
     out = tmp_path / "seg_best.mar"
     # batch 2 and 2 scored images: each compiled variant compiles for batch sizes 1 and 2 only
@@ -160,6 +161,7 @@ def test_segserve_optimize_refuses_a_missing_ipex_venv_or_a_bad_out_in_one_line_
 
 
 @pytest.mark.integration
+@pytest.mark.long  # ~160 s: a suite over every optimisation on a real TorchServe (make test-long)
 def test_a_suite_sweeps_optimisations_scores_each_and_goes_on_past_one_that_cannot_run(tmp_path, trained_weights):
     """int8 on a real TorchServe: measured, scored against eager fp32, its load time recorded; ipex in a Python
     without it: failed before registering, invalid with the reason; the suite goes on."""
