@@ -25,6 +25,9 @@ from segserve.errors import RuntimeFailure, UsageError
 from segserve.http import Response, request
 from segserve.ts_config import ADDRESS_KEYS, free_worker_port_base, loopback_ports, read_properties, render_config
 
+# The 500s TorchServe 0.12's frontend answers a scale with when it races its own workers (TorchServe.scale)
+SCALE_RACES = ("ConcurrentModificationException", "NullPointerException")
+
 
 @dataclass
 class TorchServe:
@@ -274,13 +277,16 @@ class TorchServe:
         log(f"registered workflow {name} ({archive})")
 
     def scale(self, model: str, workers: int, attempts: int = 6) -> Response:
-        """PUT min/max workers, synchronously. TorchServe 0.12 can answer a scale under load with
-        500 ConcurrentModificationException (its worker map changed while it iterated it; seen once in
-        7 rescale-under-load runs): the call sets absolute counts, so sending it again is safe."""
+        """PUT min/max workers, synchronously. TorchServe 0.12 can answer a scale under load with a 500 from a
+        race in its frontend: ConcurrentModificationException (its worker map changed while it iterated it; once
+        in 7 rescale-under-load runs), or a NullPointerException in BatchAggregator.sendError while it shut down a
+        worker between two batches (seen once, after the worker had gone). The call sets absolute counts, so
+        sending it again is safe; other errors (a worker that fails to start) are final."""
         path = f"/models/{model}?min_worker={workers}&max_worker={workers}&synchronous=true"
         for attempt in range(attempts):
             response = self.call("management", "PUT", path)
-            if response.status != 500 or "ConcurrentModificationException" not in response.text() or attempt == attempts - 1:
+            race = response.status == 500 and any(name in response.text() for name in SCALE_RACES)
+            if not race or attempt == attempts - 1:
                 break
             time.sleep(0.2 * 2**attempt)
         return self._expect_ok(response, f"scaling {model} to {workers} worker(s)")

@@ -51,6 +51,14 @@ def test_scale_retries_a_concurrent_modification_500(management):
     assert state["puts"] == ["/models/seg_jpeg__seg?min_worker=2&max_worker=2&synchronous=true"] * 3
 
 
+def test_scale_retries_the_null_pointer_500_of_a_worker_shut_down_between_batches(management):
+    server, state = management
+    message = 'Cannot invoke \\"org.pytorch.serve.job.Job.isControlCmd()\\" because \\"job\\" is null'
+    state["failures"] = (1, f'{{"code": 500, "type": "NullPointerException", "message": "{message}"}}'.encode())
+    assert server.scale("seg_jpeg__seg", 1).status == 200
+    assert len(state["puts"]) == 2
+
+
 def test_scale_does_not_retry_other_errors(management):
     server, state = management
     state["failures"] = (5, b'{"code": 500, "message": "Worker failed to start"}')
