@@ -13,7 +13,7 @@
 # --dry-run: the same steps where CUDA is absent (the gpu tests skip with their reason; the benchmark computes in
 # fp32, as fp16 convolutions on a CPU measure nothing of interest). Without it, a machine without CUDA is a failure.
 # Environment: OUT (default ./gpu_out), PYTHON (an interpreter with torch; default python3), WORK (scratch;
-# default a new folder under /tmp).
+# default a new folder under /tmp), DEADLINE_S (default 480: steps share it, then the summary gets its minute).
 # Exit status: 0 when every step passed (and, without --dry-run, CUDA was there), else 1; 2 for a usage error.
 set -uo pipefail
 
@@ -27,7 +27,11 @@ esac
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$PWD/gpu_out}
-PYTHON=${PYTHON:-python3}
+# the interpreter by its path: once the bundle's venv is first on PATH, "python3" would name that venv
+PYTHON=$(command -v "${PYTHON:-python3}") || { echo "run.sh: no ${PYTHON:-python3} on PATH (set PYTHON)" >&2; exit 2; }
+# the whole run must end inside the device tool's 10-minute call: steps get what is left, the summary its own minute
+DEADLINE=$(( $(date +%s) + ${DEADLINE_S:-480} ))
+SUMMARY_S=60
 WORK=${WORK:-$(mktemp -d /tmp/segserve-gpu.XXXXXX)}
 mkdir -p "$OUT" "$WORK/logs"
 OUT=$(cd "$OUT" && pwd)
@@ -36,6 +40,7 @@ LOG=$OUT/run.log
 : > "$LOG"
 : > "$WORK/steps.jsonl"
 STARTED=$(date +%s)
+DEADLINE=$(( DEADLINE - SUMMARY_S ))
 FAILED=0
 
 # step NAME TIMEOUT_S COMMAND...: runs it with a timeout and no input; its output goes to $WORK/logs/NAME.log
@@ -43,6 +48,14 @@ FAILED=0
 step() {
   local name=$1 limit=$2
   shift 2
+  local left=$(( DEADLINE - $(date +%s) ))
+  [ "$name" = summary ] || { [ $left -lt $limit ] && limit=$left; }
+  if [ $limit -le 0 ]; then
+    echo "== $name: SKIPPED, no time left (DEADLINE_S ${DEADLINE_S:-480})" | tee -a "$LOG"
+    printf '{"step": "%s", "rc": 124, "seconds": 0, "timeout_s": 0}\n' "$name" >> "$WORK/steps.jsonl"
+    FAILED=1
+    return 124
+  fi
   local begun=$(date +%s.%N)
   echo "== $name (timeout ${limit} s)" | tee -a "$LOG"
   # a bash in between: the steps are functions of this script (exported below)
@@ -68,7 +81,8 @@ import json, os, platform, shutil, subprocess, sys
 import torch, torchvision
 facts = {"python": platform.python_version(), "machine": platform.machine(), "libc": " ".join(platform.libc_ver()), "cpus": os.cpu_count(),
          "torch": torch.__version__, "torchvision": torchvision.__version__, "cuda": torch.cuda.is_available(),
-         "dry_run": os.environ["DRY_RUN"] == "1"}
+         "dry_run": os.environ["DRY_RUN"] == "1", "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+         "bundle_commit": open(os.path.join(os.environ["WORK"], "project", "BUNDLE_COMMIT")).read().strip()}
 if facts["cuda"]:
     facts.update(device=torch.cuda.get_device_name(0), capability=list(torch.cuda.get_device_capability(0)),
                  cuda_runtime=torch.version.cuda)
@@ -104,6 +118,16 @@ make_venv() {
 
 in_project() { cd "$WORK/project" && "$@"; }
 
+# TorchServe 0.12 reads CUDA_VISIBLE_DEVICES as indices (a GPU's UUID there stops its frontend): map UUIDs to indices
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && ! [[ "$CUDA_VISIBLE_DEVICES" =~ ^[0-9,]+$ ]] && command -v nvidia-smi > /dev/null; then
+  mapped=$(timeout 20 nvidia-smi --query-gpu=index,uuid --format=csv,noheader | awk -F', ' -v want="$CUDA_VISIBLE_DEVICES" '
+    { index_of[$2] = $1 } END { n = split(want, w, ","); for (i = 1; i <= n; i++) if (w[i] in index_of) s = s (s ? "," : "") index_of[w[i]]; print s }')
+  if [ -n "$mapped" ]; then
+    echo "CUDA_VISIBLE_DEVICES $CUDA_VISIBLE_DEVICES -> $mapped (indices for TorchServe)" | tee -a "$LOG"
+    export CUDA_VISIBLE_DEVICES=$mapped
+  fi
+fi
+
 export -f unpack facts make_venv in_project
 export HERE PYTHON
 export JAVA_HOME=$WORK/jre
@@ -120,7 +144,7 @@ step gpu_tests 150 in_project python -m pytest -m gpu -v -p no:cacheprovider --j
 step build 120 in_project python -m segserve.cli build
 step serve 150 in_project python -m segserve.gpu_summary serve "$WORK/serve.json"
 step bench 300 in_project python -m segserve.gpu_summary bench "$WORK/results"
-step summary 60 in_project python -m segserve.gpu_bundle summary "$WORK" "$OUT"
+step summary $SUMMARY_S in_project python -m segserve.gpu_bundle summary "$WORK" "$OUT"
 cp "$WORK/gpu_tests.xml" "$OUT/" 2>/dev/null
 echo "run.sh: $(( $(date +%s) - STARTED )) s; results in $OUT; scratch in $WORK" | tee -a "$LOG"
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"

@@ -81,6 +81,15 @@ class PipelineHandler(SegserveHandler):
     def decode(self, body: bytes):
         return self.nodes[self.dag.root].decode(body)
 
+    def report_metrics(self, context, response_bytes: int, requests: int) -> None:
+        """The bytes the nodes moved between host and device are the pipeline's (a leaf's JPEG copied to the host,
+        the root's batch copied to the device): counted here, or TorchServe would never see them."""
+        for node in self.nodes.values():
+            for name, value in node.stages.times.drain().items():
+                if name.endswith("_bytes"):
+                    self.stages.times.add(name, value)
+        super().report_metrics(context, response_bytes, requests)
+
     def prepare(self, items: list, position: int):
         return self.nodes[self.dag.root].prepare(items, position)
 

@@ -40,6 +40,8 @@ PURE_WHEELS = (
     "pytest",
     "pluggy",
     "iniconfig",
+    "pygments",  # pytest's own needs: the interpreter's versions may be older
+    "packaging",
 )
 BINARY_WHEELS = ("pydantic-core", "pyyaml", "psutil")
 PYTHON_VERSIONS = ("3.11", "3.12", "3.13")
@@ -123,6 +125,13 @@ def copy_project(destination: Path, log=print) -> None:
         target = destination / path.relative_to(ROOT)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
+
+    # the records' git_sha there (the bundle has no .git): the commit, and -dirty with uncommitted changes
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+    sha, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    (destination / "BUNDLE_COMMIT").write_text(sha + ("-dirty" if dirty else "") + "\n")
 
 
 def build_bundle(out: Path, log=print) -> int:

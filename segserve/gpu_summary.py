@@ -9,6 +9,7 @@ and write_summary (`python -m segserve.gpu_bundle summary WORK OUT`): summary.js
 
 import json
 import os
+import signal
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
@@ -192,7 +193,7 @@ def summary_text(summary: dict) -> str:
     lines = [
         f"segserve GPU check: {mode}",
         f"python {facts.get('python')}  torch {facts.get('torch')}  torchvision {facts.get('torchvision')}  "
-        f"device {facts.get('device', '-')}  java {facts.get('java', '-')}",
+        f"device {facts.get('device', '-')}  java {facts.get('java', '-')}  bundle of {facts.get('bundle_commit', '?')}",
         "",
         "steps: " + ", ".join(_step_text(s) for s in summary["steps"]),
     ]
@@ -228,6 +229,9 @@ def main(argv=None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     os.chdir(ROOT)
+    # run.sh's timeout ends a step with SIGTERM: exit through the finally blocks, which stop TorchServe (it runs in a
+    # session of its own, so it would outlive this process and hold the GPU and cores for the next steps)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return serve(Path(argv[1])) if argv[0] == "serve" else bench(Path(argv[1]))
 
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from segserve.gpu_bundle import BUNDLE_LIMIT_BYTES, build_bundle
@@ -43,6 +44,17 @@ def test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step(tmp_path,
     assert run.stdout.endswith(text)  # run.sh ends by printing the summary
     # what the device tool brings back: at most 8 files, none in a subfolder
     assert all(p.is_file() for p in out.iterdir()) and len(list(out.iterdir())) <= 8
+
+    # a run out of time: the step that overruns is stopped with its TorchServe, the rest skipped, the summary written
+    late, work = tmp_path / "late", tmp_path / "late-work"
+    env.update(OUT=str(late), WORK=str(work), DEADLINE_S="85")
+    run = subprocess.run([str(script), "--dry-run"], env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert run.returncode == 1
+    steps = {s["step"]: s["rc"] for s in json.loads((late / "summary.json").read_text())["steps"]}
+    assert steps["bench"] == 124 and steps["unpack"] == 0
+    assert (late / "summary.txt").read_text().startswith("segserve GPU check: DRY RUN")
+    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if str(work) in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []
 
 
 def test_run_sh_refuses_an_unknown_argument_with_its_usage():

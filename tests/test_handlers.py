@@ -3,6 +3,7 @@
 import io
 import json
 import struct
+import types
 
 import pytest
 import torch
@@ -257,6 +258,26 @@ def test_fused_pipeline_overlapped_equals_sequential(model_store, tmp_path, gpu_
     overlapped = fused(micro_batch_size=2, overlap=True, decode_threads=2, encode_threads=2)
     for _ in range(3):  # and again, with every buffer reused
         assert run(overlapped, bodies)[0] == sequential
+
+
+def test_the_fused_pipeline_reports_the_bytes_its_nodes_copied(model_store, tmp_path):
+    """On the GPU the jpeg leaf counts the JPEG it copies to the host in its own counters: the pipeline reports them
+    (its device→host bytes were always 0). Here the leaf's count is set by hand: a CPU copies nothing."""
+    import zipfile
+
+    from handlers.pipeline import PipelineHandler
+
+    with zipfile.ZipFile(model_store / "seg_jpeg_fused.mar") as archive:
+        archive.extractall(tmp_path)
+    handler = PipelineHandler()
+    handler.initialize(make_context(tmp_path, {"spec": "seg_jpeg.yaml"}, "seg.pt"))
+    counters = {}
+    context = types.SimpleNamespace(metrics=types.SimpleNamespace(add_counter=lambda name, value: counters.update({name: value})))
+    handler.nodes["jpeg"].stages.times.add("device_to_host_bytes", 5022.0)
+    handler.nodes["jpeg"].stages.times.add("encode_ms", 3.0)  # a node's own stage times stay out of the pipeline's
+    handler.report_metrics(context, response_bytes=5100, requests=1)
+    assert counters["SegserveDeviceToHostBytes"] == 5022.0 and counters["SegserveResponseBytes"] == 5100
+    assert counters.get("SegserveEncodeMs", 0.0) == 0.0  # the pipeline's own encode time, not the leaf's 3 ms
 
 
 def test_a_node_of_the_fused_pipeline_does_not_set_the_workers_torch_threads(model_store, tmp_path):

@@ -32,9 +32,11 @@ def environment(root: Path) -> dict:
     cpu = next(
         (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"
     )
-    git = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+    sha = _output(["git", "-C", str(root), "rev-parse", "--short", "HEAD"]).strip()
+    dirty = _output(["git", "-C", str(root), "status", "--porcelain"]).strip()
+    java = _output(["java", "-version"], stderr=True).splitlines()
+    bundled = root / "BUNDLE_COMMIT"  # a GPU bundle's project has no .git: the commit it was built from
+    git_sha = (sha or "?") + ("-dirty" if dirty else "") if sha or not bundled.exists() else bundled.read_text().strip()
     return {
         "cpu_model": cpu,
         "cpu_cores": len(os.sched_getaffinity(0)),
@@ -43,8 +45,17 @@ def environment(root: Path) -> dict:
         "torchvision": version("torchvision"),
         "torchserve": version("torchserve"),
         "java": java[0] if java else "?",
-        "git_sha": (git.stdout.strip() or "?") + ("-dirty" if dirty else ""),
+        "git_sha": git_sha,
     }
+
+
+def _output(command: list[str], stderr: bool = False) -> str:
+    """What a command printed, or "" where it is not installed (a bare GPU machine has no git)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except OSError:
+        return ""
+    return done.stderr if stderr else done.stdout
 
 
 def _digest(*parts) -> str:
