@@ -58,8 +58,10 @@ step() {
   fi
   local begun=$(date +%s.%N)
   echo "== $name (timeout ${limit} s)" | tee -a "$LOG"
-  # a bash in between: the steps are functions of this script (exported below)
-  timeout --kill-after=10 "$limit" bash -c '"$@"' step "$@" < /dev/null > "$WORK/logs/$name.log" 2>&1
+  # a bash in between: the steps are functions of this script (exported below). On the timeout's SIGTERM (sent to
+  # the whole group) the bash waits for its step to finish its cleanup (stopping a TorchServe it started) rather
+  # than leave it running beside the next step; --kill-after bounds that wait.
+  timeout --kill-after=15 "$limit" bash -c 'trap : TERM; "$@"' step "$@" < /dev/null > "$WORK/logs/$name.log" 2>&1
   local rc=$?
   local seconds=$(awk "BEGIN {printf \"%.1f\", $(date +%s.%N) - $begun}")
   cat "$WORK/logs/$name.log" >> "$LOG"
