@@ -18,10 +18,20 @@ from pathlib import Path
 import torch
 import yaml
 
+from segserve.bench.results import read_runs, read_summary
+
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "gpu.yaml"
-MEMBERS = ("seg", "jpeg")
-PIPELINES = {"seg_jpeg": 0.9, "seg_jpeg_fused": 0.95}  # target → goal: its throughput ÷ the slower member's
+GOALS = {"workflow": 0.9, "fused": 0.95}  # a pipeline's throughput ÷ its slower member's, by kind
+
+
+def pipelines() -> tuple[list[str], dict[str, float]]:
+    """The default DAG's members, and its workflow and fused twin with their goals: from the catalog."""
+    from segserve.catalog import FUSED_SUFFIX, Catalog
+    from segserve.cli import DEFAULT_DAG
+
+    workflow = Catalog(ROOT).target(DEFAULT_DAG, "workflow")
+    return list(workflow.members), {workflow.name: GOALS["workflow"], workflow.name + FUSED_SUFFIX: GOALS["fused"]}
 
 
 def serve(out_json: Path) -> int:
@@ -42,7 +52,7 @@ def serve(out_json: Path) -> int:
         start_pipeline(server, targets)
         try:
             catalog = Catalog(ROOT)
-            for name in ("seg_jpeg", "seg_jpeg_fused"):
+            for name in pipelines()[1]:
                 out = Path(scratch) / name
                 failed = predict(server.url("inference"), server.token("inference"), images, out, catalog.target(name))
                 answers = sorted(out.glob("*"))
@@ -105,8 +115,7 @@ def _benchmark(results: Path) -> dict:
     if not folders:
         return {}
     folder = folders[-1].parent
-    rows = [json.loads(line) for line in folders[-1].read_text().splitlines() if line.strip()]
-    runs = {path.stem: json.loads(path.read_text()) for path in (folder / "runs").glob("*.json")}
+    rows, runs = read_summary(folder), read_runs(folder)
     # the suite's one precision (records name only the parameters that vary)
     precision = (yaml.safe_load((folder / "suite.yaml").read_text())["grid"]["archive"].get("precision") or ["fp32"])[0]
     targets = {}
@@ -133,10 +142,11 @@ def _goals(bench: dict, cuda: bool) -> dict:
     """The issue's goals: pipelines against the slower member; device→host bytes the class map or the JPEG."""
     targets = bench.get("targets", {})
     goals = {}
-    members = [targets.get(m, {}).get("throughput_rps") for m in MEMBERS]
+    names, goals_by_pipeline = pipelines()
+    members = [targets.get(m, {}).get("throughput_rps") for m in names]
     if all(members):
         slower = min(members)
-        for name, goal in PIPELINES.items():
+        for name, goal in goals_by_pipeline.items():
             rate = targets.get(name, {}).get("throughput_rps")
             if rate:
                 goals[f"{name}_over_slower_member"] = {"ratio": round(rate / slower, 3), "goal": goal, "met": rate / slower >= goal}
