@@ -65,7 +65,7 @@ RULES: list[tuple[str, str, str]] = [
     (r"^make gpu-check$", "ci", "needs CUDA; its tests are marked gpu and skip here with the reason"),
     (r"^make gpu-bundle$", "test", "tests/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step"),
     (
-        r"^gpu_bundle/run\.sh --dry-run$",
+        r"^(PYTHON=\S+ )?gpu_bundle/run\.sh --dry-run$",
         "test",
         "tests/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step",
     ),

@@ -57,6 +57,13 @@ def test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step(tmp_path,
     assert leftovers == []
 
 
+def test_run_sh_refuses_an_interpreter_without_torch_in_one_line(tmp_path):
+    env = {**os.environ, "PYTHON": "/usr/bin/env", "OUT": str(tmp_path / "out")}  # runs, but is no Python with torch
+    run = subprocess.run([str(ROOT / "gpu" / "run.sh"), "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 2
+    assert run.stderr.startswith("run.sh: /usr/bin/env has no torch and torchvision: set PYTHON")
+
+
 def test_run_sh_refuses_an_unknown_argument_with_its_usage():
     run = subprocess.run([str(ROOT / "gpu" / "run.sh"), "--gpu"], capture_output=True, text=True, timeout=30)
     assert run.returncode == 2
