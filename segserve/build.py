@@ -8,6 +8,7 @@ handler settings and registration values of the point.
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,10 @@ def tool(name: str) -> str:
 
 def run_tool(command: list[str], log=print) -> None:
     log("$ " + " ".join(command))
-    done = subprocess.run(command, capture_output=True, text=True)
+    # The archivers stage files in $TMPDIR/<model or workflow name>, removed first: two builds of the same
+    # name at once (two bench processes sharing a study) delete each other's files. Each run gets its own.
+    with tempfile.TemporaryDirectory(prefix="segserve-archiver-") as private_tmp:
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TMPDIR": private_tmp})
     if done.returncode != 0:
         raise RuntimeFailure(f"{Path(command[0]).name} failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}")
 

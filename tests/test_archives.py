@@ -101,3 +101,29 @@ def test_fused_archive_carries_its_spec_and_the_config_of_each_node(model_store)
         jpeg_node = yaml.safe_load(zipped.read("nodes/jpeg_json.yaml"))
     assert {"nodes/seg.yaml", "nodes/jpeg_json.yaml", "nodes/areas.yaml", "handlers/areas.py", "seg.pt"} <= names
     assert spec["dag"] == {"seg": ["areas", "jpeg"]} and jpeg_node["handler"]["response"] == "json"
+
+
+def test_two_builds_of_one_name_at_once_keep_their_own_files(tmp_path):
+    """The archivers stage in $TMPDIR/<name> and delete it first: two bench processes building the same
+    model name at once broke each other's archives (seen in CI) until each run got its own TMPDIR."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from segserve.build import archive_model
+
+    def build(side: str, round_: int) -> set[str]:
+        folder = tmp_path / f"{side}{round_}"
+        extra, store = folder / "extra", folder / "store"
+        extra.mkdir(parents=True)
+        store.mkdir()
+        (extra / f"only_{side}.txt").write_text(side)
+        (extra / "bulk.bin").write_bytes(bytes(8 << 20))  # copying it widens the window the race needs
+        config = folder / "config.yaml"
+        config.write_text("minWorkers: 1\n")
+        mar = archive_model("same_name", ROOT / "handlers" / "jpeg", None, config, extra, store, log=lambda _: None)
+        with zipfile.ZipFile(mar) as zipped:
+            return {name for name in zipped.namelist() if name.startswith("only_")}
+
+    with ThreadPoolExecutor(2) as pool:
+        for round_ in range(4):
+            left, right = pool.submit(build, "left", round_), pool.submit(build, "right", round_)
+            assert (left.result(), right.result()) == ({"only_left.txt"}, {"only_right.txt"})

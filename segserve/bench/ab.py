@@ -52,7 +52,7 @@ def parse_env(items: list[str]) -> dict[str, str]:
 def warm_up(sides: dict[str, Deployment], point, suite: Suite, bodies: list[bytes], log) -> None:
     """Start both servers at once, then load each with the first point for a
     while: measured without it, the run's very first measurement came out 20% low (59 against about 75 req/s, seg at 16 connections)."""
-    with ThreadPoolExecutor(len(sides)) as pool:  # not the archives: the archiver stages in /tmp/<model name>
+    with ThreadPoolExecutor(len(sides)) as pool:  # the servers start at once; the archives are built one side at a time
         list(pool.map(lambda deployment: deployment.ensure_server(point), sides.values()))
     for endpoint in [deployment.deploy(point) for deployment in sides.values()]:
         concurrency = point.params.get("concurrency", suite.load.max_connections)
