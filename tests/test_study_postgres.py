@@ -115,6 +115,7 @@ def test_two_bench_processes_share_one_study_and_collect_writes_it(postgres_url,
     logs = [(tmp_path / f"bench{i}.log").read_text() for i in range(2)]
     assert codes == [0, 0], logs
     assert all("pg-secret" not in text for text in logs)
+    assert all("FAILED" not in text for text in logs), logs  # e.g. archives of one name built at once by both
     measured = [sorted(p.stem for p in (tmp_path / f"results{i}").glob("shared/*/runs/*.json")) for i in range(2)]
     every = measured[0] + measured[1]
     assert len(every) == len(set(every)) == 4, measured  # the budget, spread over both, none twice
@@ -134,5 +135,8 @@ def test_two_bench_processes_share_one_study_and_collect_writes_it(postgres_url,
     rows = [json.loads(line) for line in (folder / "summary.jsonl").read_text().splitlines()]
     assert sorted(r["run_id"] for r in rows) == sorted(every)
     assert "0 point(s) measured twice" in (folder / "report.md").read_text()
-    points = [{k: r.get(k) for k in ("run_id", "requests_failed", "failures_by_status", "error", "valid", "pruned", "throughput_rps")} for r in rows]
+    points = [
+        {k: r.get(k) for k in ("run_id", "requests_failed", "failures_by_status", "error", "valid", "pruned", "throughput_rps")}
+        for r in rows
+    ]
     assert (folder / "best" / "config.properties").is_file(), points  # a point that meets the constraints is the best one
