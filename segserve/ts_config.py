@@ -1,6 +1,7 @@
 """TorchServe's config.properties for one instance: read it, write it with some keys replaced, choose its
 loopback ports and a worker-socket range no other instance uses."""
 
+import fcntl
 import os
 import socket
 import threading
@@ -9,6 +10,7 @@ from pathlib import Path
 from segserve.errors import RuntimeFailure
 
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
+WORKER_BASE_CLAIMS_DIR = Path("/tmp/segserve-worker-bases")
 
 
 # Ports and worker-port bases this process handed to a TorchServe: it binds them a moment later, so another
@@ -16,6 +18,7 @@ ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
 _HANDED_OUT_PORTS: set[int] = set()
 _HANDED_OUT_WORKER_BASES: set[int] = set()
 _HANDING_OUT = threading.Lock()
+_WORKER_BASE_CLAIMS: list = []  # open, locked files: released when this process ends
 
 
 def free_port() -> int:
@@ -65,11 +68,28 @@ def loopback_ports(port_base: int | None) -> dict[str, str]:
     return {**addresses, "grpc_inference_port": str(ports[3]), "grpc_management_port": str(ports[4])}
 
 
+def _claim_worker_base(base: int) -> bool:
+    """Lock /tmp/segserve-worker-bases/<base> for this process's life: a range whose server is still starting
+    has no sockets yet, and another process (two bench processes sharing a study) would take it too."""
+    WORKER_BASE_CLAIMS_DIR.mkdir(exist_ok=True)
+    claim = open(WORKER_BASE_CLAIMS_DIR / str(base), "a")  # noqa: SIM115 (held open: the lock lives with it)
+    try:
+        fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        claim.close()
+        return False
+    _WORKER_BASE_CLAIMS.append(claim)
+    return True
+
+
 def free_worker_port_base() -> int:
-    """A worker-port range whose unix sockets (/tmp/.ts.sock.<port>) no other instance uses."""
+    """A worker-port range whose unix sockets (/tmp/.ts.sock.<port>) no other instance uses: none exists (a
+    running server's) and no other live process claimed it (a server still starting)."""
     with _HANDING_OUT:
         for base in range(20000 + (os.getpid() % 300) * 100, 60000, 100):
-            if base not in _HANDED_OUT_WORKER_BASES and not any(Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(100)):
+            if base in _HANDED_OUT_WORKER_BASES or any(Path(f"/tmp/.ts.sock.{base + i}").exists() for i in range(100)):
+                continue
+            if _claim_worker_base(base):
                 _HANDED_OUT_WORKER_BASES.add(base)
                 return base
     raise RuntimeFailure("no free worker port range under /tmp/.ts.sock.*")

@@ -142,3 +142,29 @@ def test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it(mod
         assert main(["serve", "--stop", *args]) == 0
     assert "autoscaler pid" in capsys.readouterr().out
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_worker_range_another_live_process_claimed_is_not_handed_out(monkeypatch):
+    """Two bench processes (a shared study) start servers at once: a range whose server has no sockets yet is
+    still taken while the process that chose it lives."""
+    import os
+    import subprocess
+    import sys
+
+    from segserve import ts_config
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", "from segserve.ts_config import free_worker_port_base as f; print(f(), flush=True); input()"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = int(other.stdout.readline())
+        monkeypatch.setattr(os, "getpid", lambda: other.pid)  # start the search where the other process did
+        monkeypatch.setattr(ts_config, "_HANDED_OUT_WORKER_BASES", set())
+        ours = ts_config.free_worker_port_base()
+        assert ours != theirs, theirs
+    finally:
+        other.communicate("\n", timeout=30)
