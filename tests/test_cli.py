@@ -132,8 +132,8 @@ def test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it(mod
         out = capsys.readouterr().out
         pid = int(out.split("(pid ")[1].split(")")[0])
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not decisions.exists():
-            time.sleep(0.5)
+        while time.monotonic() < deadline and not (decisions.exists() and decisions.read_text().endswith("\n")):
+            time.sleep(0.5)  # a whole first line: the file exists a moment before it is written
         first = json.loads(decisions.read_text().splitlines()[0])
         assert {m["node"] for m in first["metrics"]} == {"seg_jpeg__seg", "seg_jpeg__jpeg"} and first["why"]
         assert main(["pin", "--show", *args]) == 0

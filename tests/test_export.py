@@ -26,8 +26,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for(url: str, process) -> None:
-    deadline = time.monotonic() + 30
+def wait_for(url: str, process, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s  # moto's imports alone take seconds on busy cores
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{url}: the server exited ({process.returncode})")
@@ -36,7 +36,7 @@ def wait_for(url: str, process) -> None:
             return
         except OSError:
             time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer in 30 s")
+    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
 
 
 @pytest.fixture(scope="module")

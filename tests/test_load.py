@@ -139,7 +139,8 @@ def test_open_loop_latency_counts_queueing_from_the_intended_time(server):
     assert all(result.ok)
     third = len(result.latency_ms) // 3
     early, late = result.latency_ms[:third], result.latency_ms[-third:]
-    assert sum(late) / third > 2 * sum(early) / third
+    # the queue grows 20 ms a request: about 400 ms between the thirds' means (a late start adds to both)
+    assert sum(late) / third - sum(early) / third > 200
     assert result.latency_ms[-1] > result.latency_ms[0] + 200
 
 
@@ -147,7 +148,8 @@ def test_open_loop_drain_after_the_stop_is_bounded_by_timeout(server):
     # Every reply takes 1 s but times out at 0.25 s; requests due before the stop are still sent and recorded.
     result = run_load(spec(server.url, [b"sleep:1"], concurrency=1, request_rate_rps=50, timeout_s=0.25), duration_s=0.3)
     assert result.status_counts() == {"timeout": len(arrival_schedule(50, 0.3))}
-    assert all(latency_ms <= 250 + 100 for latency_ms in result.latency_ms)  # timed from the intended time, plus slack
+    # timed from the intended time, plus slack for a busy machine: unbounded, they would take 1000 ms
+    assert all(latency_ms <= 250 + 400 for latency_ms in result.latency_ms)
     assert result.wall_s < 0.3 + 0.25 + 0.5
 
 

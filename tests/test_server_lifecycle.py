@@ -43,9 +43,10 @@ def marked(run_dir, command: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, env=env, start_new_session=True)
 
 
-def wait_for(condition, timeout_s: float = 10) -> None:
+def wait_for(condition, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
-    while not condition() and time.monotonic() < deadline:
+    while not condition():
+        assert time.monotonic() < deadline, f"not true within {timeout_s} s"  # not a later, misleading assertion
         time.sleep(0.1)
 
 
