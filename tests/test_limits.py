@@ -53,7 +53,10 @@ def in_child(function, *args, timeout_s: float = 180):
                 return answers.get(timeout=0.5), None
             except queue.Empty:
                 if not child.is_alive():
-                    return None, f"the child process died (exit code {child.exitcode})"
+                    try:  # it may have answered and exited between the get's timeout and this check
+                        return answers.get(timeout=1), None
+                    except queue.Empty:
+                        return None, f"the child process died (exit code {child.exitcode})"
         return None, f"no answer in {timeout_s:.0f} s"
     finally:
         child.kill()
