@@ -1,7 +1,7 @@
 """The autoscaler's decisions (#16, first part): from what each node of a served DAG did in the last interval,
 which worker to move between its nodes, within a core budget. Pure functions of the samples, so recorded
 metric sequences test them without a server; reading Prometheus and /proc and calling the management API is
-the control loop's job (not written yet).
+the control loop's job (segserve/autoscaler.py).
 
 A node's load is the cores it would use to keep up: the cores its workers used (/proc), scaled up by how far
 its queue says it is behind (a node whose requests wait as long again as they are served needs about twice
@@ -15,6 +15,11 @@ small machine the nodes share the same cores). The interval after a move is judg
 below (1 - max_drop) of its rate before the move, the move is undone. What both splits served is remembered for
 retry_after_s at that request mix (each node's share of a request's handler time): no move goes to a split known
 to serve no more than max_drop above the current rate there (no retrying an undone move, no flapping back).
+
+The fused pipeline is one model: nothing to move between nodes. Its workers share the budget's cores, each with
+budget // workers threads (the thread rule, handlers/pinning.py), so its workers × threads follow the load
+(decide_workers): a worker more while requests queue, one fewer while it keeps up with cores to spare, each a
+trial; its mix is each stage's share (decode, predict, encode) of a request's handler time.
 """
 
 import math
@@ -31,6 +36,7 @@ class NodeSample:
     queue_ms: float  # mean wait in TorchServe's queue
     handler_ms: float  # mean time a request spent in the handler
     served_rps: float = 0.0  # requests it answered per second
+    stages_ms: dict[str, float] = field(default_factory=dict)  # handler time per request by stage (decode, predict, encode)
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,11 @@ def pipeline_rps(samples: list[NodeSample]) -> float:
 
 
 def mix_of(samples: list[NodeSample]) -> dict[str, float]:
-    """Each node's share of a request's handler time: what the traffic asks of each node (large photos: jpeg's grows)."""
+    """Each node's share of a request's handler time: what the traffic asks of each node (large photos: jpeg's
+    grows); of one model (the fused pipeline), each stage's share (large photos: decode's and encode's grow)."""
+    if len(samples) == 1 and sum(samples[0].stages_ms.values()) > 0:
+        stages = samples[0].stages_ms
+        return {stage: ms / sum(stages.values()) for stage, ms in stages.items()}
     total = sum(s.handler_ms for s in samples)
     return {s.node: (s.handler_ms / total if total else 1 / len(samples)) for s in samples}
 
@@ -151,6 +161,24 @@ def judge(trial: Trial, samples: list[NodeSample], policy: Policy, now_s: float)
         f"undoing the move: {rate:.1f} req/s after it, {trial.rate_before_rps:.1f} before (more than {policy.max_drop:.0%} less)"
     )
     return decision
+
+
+def _held(after: dict[str, int], samples: list[NodeSample], policy: Policy, now_s: float, known, mix_before, move: str) -> str | None:
+    """Why a move to `after` waits (the mix is still moving: the rate it would be judged against was served at
+    another mix) or is not made (that split is known to serve no more at this mix); None to make it."""
+    mix = mix_of(samples)
+    if mix_before is not None and not same_mix(mix_before, mix, policy.mix_tolerance):
+        return f"waiting: the request mix is moving ({_shares(mix_before)} → {_shares(mix)}), one more interval"
+    rate = pipeline_rps(samples)
+    for k in known:
+        if (
+            k.split == after
+            and k.until_s > now_s
+            and same_mix(k.mix, mix, policy.mix_tolerance)
+            and k.rate_rps <= rate * (1 + policy.max_drop)
+        ):
+            return f"holding: {move}, but that split served {k.rate_rps:.1f} req/s at this mix ({rate:.1f} now)"
+    return None
 
 
 def decide(
@@ -199,26 +227,59 @@ def decide(
     over_budget = total_workers + 1 > policy.budget_workers
     if shrink is not None and over_budget:
         steps.append((shrink, current[shrink] - 1))
-    after = current | dict(steps)
-    mix = mix_of(samples)
-    if mix_before is not None and not same_mix(mix_before, mix, policy.mix_tolerance):
-        decision.reason = f"waiting: the request mix is moving ({_shares(mix_before)} → {_shares(mix)}), one more interval"
+    held = _held(current | dict(steps), samples, policy, now_s, known, mix_before, f"{grow} would take a worker")
+    if held:
+        decision.reason = held
         return decision
-    rate = pipeline_rps(samples)
-    for k in known:
-        if (
-            k.split == after
-            and k.until_s > now_s
-            and same_mix(k.mix, mix, policy.mix_tolerance)
-            and k.rate_rps <= rate * (1 + policy.max_drop)
-        ):
-            decision.reason = (
-                f"holding: {grow} would take a worker, but that split served {k.rate_rps:.1f} req/s at this mix ({rate:.1f} now)"
-            )
-            return decision
     decision.steps = steps
     moved = f", from {shrink}" if len(decision.steps) == 2 else ""
     decision.reason = (
         f"{grow} takes a worker{moved}: {math.ceil(100 * gap)}% more of the load than of the workers, queue {queue[grow]:.0f} ms"
     )
+    return decision
+
+
+def decide_workers(
+    sample: NodeSample,
+    bounds: Bounds,
+    policy: Policy,
+    now_s: float,
+    last_move_s: float | None,
+    known: list[Known] = (),
+    mix_before: dict[str, float] | None = None,
+) -> Decision:
+    """One model whose workers share the budget's cores (the fused pipeline; the thread rule gives each worker
+    budget // workers threads): a worker more when requests wait (more requests at once, fewer threads each),
+    one fewer when it keeps up with cores to spare (more threads for each request), one step at a time, each
+    a trial judged like any move."""
+    node, workers, budget = sample.node, sample.workers, policy.budget_workers
+    most = min(bounds.max_workers, budget)  # at least one thread a worker
+    load = load_cores(sample)
+    decision = Decision(now_s, {node: round(load, 3)}, {node: workers}, {node: workers})
+    waiting = sample.queue_ms >= policy.min_queue_ms and sample.queue_ms >= policy.hysteresis * sample.handler_ms > 0
+    spare = sample.queue_ms < policy.min_queue_ms and load <= (1 - policy.hysteresis) * budget
+    if workers > most:
+        wanted, move = workers - 1, f"{node} gives a worker back ({workers} workers, budget {budget} cores)"
+    elif waiting and workers < most:
+        wanted = workers + 1
+        share = sample.queue_ms / sample.handler_ms
+        move = f"{node} takes a worker: requests wait {sample.queue_ms:.0f} ms ({share:.0%} of their handler time); "
+        move += f"{budget // wanted} thread(s) each"
+    elif spare and workers > bounds.min_workers:
+        wanted = workers - 1
+        move = f"{node} gives a worker back: it keeps up on {load:.2f} of {budget} cores; {budget // wanted} thread(s) each"
+    else:
+        state = f"requests wait {sample.queue_ms:.0f} ms" if waiting else f"keeping up (queue {sample.queue_ms:.1f} ms, {load:.2f} cores)"
+        decision.reason = f"holding: {node} {state} with {workers} worker(s) ({bounds.min_workers}–{most})"
+        return decision
+    decision.target = {node: wanted}
+    if last_move_s is not None and now_s - last_move_s < policy.min_interval_s:
+        decision.reason = f"waiting: {now_s - last_move_s:.0f}s since the last move (minimum {policy.min_interval_s:.0f}s)"
+        return decision
+    held = _held(decision.target, [sample], policy, now_s, known, mix_before, move.split(":")[0])
+    if held:
+        decision.reason = held
+        return decision
+    decision.steps = [(node, wanted)]
+    decision.reason = move
     return decision

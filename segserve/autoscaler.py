@@ -1,6 +1,7 @@
 """The autoscaler's control loop (#16): beside a running segserve server, every interval read what each node of a
 served DAG did (TorchServe's Prometheus counters and the handlers' own, the workers' CPU from /proc), decide
-(segserve/autoscale.py) and apply the move through the management API, the new worker first. Every decision
+(segserve/autoscale.py) and apply the move through the management API, the new worker first; of a fused pipeline,
+its one model's workers (the thread rule sizes their threads). Every decision
 is one JSON line in <run dir>/autoscale.jsonl (time, what it saw, the move, why, whether it was applied).
 
 The loop runs in its own process: if it dies, TorchServe keeps serving with the workers it last set.
@@ -16,11 +17,12 @@ from pathlib import Path
 
 import psutil
 
-from segserve.autoscale import Bounds, Known, NodeSample, Policy, Trial, decide, judge, mix_of, pipeline_rps, same_mix
+from segserve.autoscale import Bounds, Known, NodeSample, Policy, Trial, decide, decide_workers, judge, mix_of, pipeline_rps, same_mix
 from segserve.bench.server_metrics import HANDLER_PREFIX, scrape
 from segserve.errors import RuntimeFailure, UsageError
 
 DECISIONS_FILE = "autoscale.jsonl"
+STAGES = ("decode", "predict", "encode")
 STAGE_COUNTERS = ("SegserveDecodeMs", "SegservePredictMs", "SegserveEncodeMs")
 
 
@@ -104,18 +106,27 @@ def samples_between(before: dict, after: dict, models: list[str]) -> list[NodeSa
                 queue_ms=round(delta("ts_queue_latency_microseconds") / served / 1000, 2) if served else 0.0,
                 handler_ms=round(sum(delta(c) for c in STAGE_COUNTERS) / served, 2) if served else 0.0,
                 served_rps=round(served / interval_s, 2),
+                stages_ms={stage: round(delta(c) / served, 2) for stage, c in zip(STAGES, STAGE_COUNTERS, strict=True)} if served else {},
             )
         )
     return found
 
 
 class Autoscaler:
-    def __init__(self, server, bounds: dict[str, Bounds], policy: Policy, run_dir: Path, dry_run: bool = False, log=print):
-        registered = set(server.workflow_nodes())
+    """`bounds`: the nodes of one served workflow (workers move between them), or with `fused` the one model of a
+    fused pipeline (its workers × threads follow the load)."""
+
+    def __init__(
+        self, server, bounds: dict[str, Bounds], policy: Policy, run_dir: Path, dry_run: bool = False, log=print, fused: bool = False
+    ):
+        if fused and len(bounds) != 1:
+            raise UsageError(f"a fused pipeline is one model: got {', '.join(bounds)}")
+        registered = set(server.models() if fused else server.workflow_nodes())
         missing = sorted(set(bounds) - registered)
         if missing:
-            raise RuntimeFailure(f"not registered on the server from {run_dir}: {', '.join(missing)} (serve the workflow first)")
-        self.server, self.bounds, self.policy, self.dry_run, self.log = server, bounds, policy, dry_run, log
+            what = "the fused pipeline" if fused else "the workflow"
+            raise RuntimeFailure(f"not registered on the server from {run_dir}: {', '.join(missing)} (serve {what} first)")
+        self.server, self.bounds, self.policy, self.dry_run, self.log, self.fused = server, bounds, policy, dry_run, log, fused
         self.decisions = Path(run_dir) / DECISIONS_FILE
         self.meter = Meter(server, list(bounds))
         self.last_move_s: float | None = None
@@ -137,7 +148,11 @@ class Autoscaler:
             ]
         else:
             self.known = [k for k in self.known if k.until_s > now]
-            decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.known, self.last_mix)
+            if self.fused:
+                (sample,) = samples
+                decision = decide_workers(sample, self.bounds[sample.node], self.policy, now, self.last_move_s, self.known, self.last_mix)
+            else:
+                decision = decide(samples, self.bounds, self.policy, now, self.last_move_s, self.known, self.last_mix)
         if self.last_mix is not None and not same_mix(self.last_mix, mix, self.policy.mix_tolerance):
             self.rates = []  # a move is judged against rates served at its own mix
         self.last_mix = mix

@@ -111,15 +111,20 @@ def cmd_serve(args) -> int:
         from segserve.archive_store import fetch
 
         server.model_store = fetch(args.model_store, Path(args.run_dir).resolve() / "model_store", args.endpoint_url)
-    workflows = [t.name for t in targets if t.kind == "workflow"]
-    if args.autoscale and not workflows:
-        raise UsageError("--autoscale moves workers between a workflow's nodes: serve one (--targets seg_jpeg)")
+    # one loop per server: the first workflow served, else the first fused pipeline
+    scalable = [t for kind in ("workflow", "fused") for t in targets if t.kind == kind]
+    if args.autoscale and not scalable:
+        raise UsageError(
+            "--autoscale moves workers between a workflow's nodes, or a fused pipeline's workers × threads: serve one (--targets seg_jpeg)"
+        )
     start_pipeline(server, targets)
     endpoints = ", ".join(t.endpoint for t in targets)
     print(f"serving {endpoints} at {server.url('inference')}; stop with `segserve serve --stop`")
     if args.autoscale:
-        pid = start_autoscaler(server, args, workflows[0])
-        print(f"autoscaling {workflows[0]}'s nodes (pid {pid}): decisions in {server.run_dir / 'autoscale.jsonl'}, `segserve pin --show`")
+        scaled = scalable[0]
+        pid = start_autoscaler(server, args, scaled.name)
+        what = "nodes" if scaled.kind == "workflow" else "workers × threads"
+        print(f"autoscaling {scaled.name}'s {what} (pid {pid}): decisions in {server.run_dir / 'autoscale.jsonl'}, `segserve pin --show`")
     return 0
 
 
@@ -358,20 +363,24 @@ def cmd_profile(args) -> int:
 
 
 def cmd_autoscale(args) -> int:
-    from segserve.autoscale import Policy
+    from segserve.autoscale import Bounds, Policy
     from segserve.autoscaler import Autoscaler, core_budget, dag_bounds
 
     budget = core_budget(args.cores)
     if args.interval_s <= 0:
         raise UsageError(f"--interval-s must be positive (got {args.interval_s})")
     known = catalog()
-    if args.dag not in known.dags:
-        raise UsageError(unknown("DAG", args.dag, sorted(known.dags)))
-    bounds = dag_bounds(known, args.dag)
+    scalable = sorted(t.name for t in known.targets.values() if t.kind in ("workflow", "fused"))
+    if args.dag not in scalable:
+        raise UsageError(unknown("DAG", args.dag, scalable))
+    fused = known.targets[args.dag].kind == "fused"
+    # the fused pipeline's workers share the budget's cores (the thread rule): from 1 to one a core
+    bounds = {args.dag: Bounds(1, budget)} if fused else dag_bounds(known, args.dag)
     policy = Policy(budget_workers=budget, min_interval_s=args.min_interval_s)
     server = _running_server(args, args.dag)
-    scaler = Autoscaler(server, bounds, policy, server.run_dir, dry_run=args.dry_run)
-    print(f"autoscaling {', '.join(bounds)} within {budget} core(s), every {args.interval_s:.0f}s" + (" (dry run)" if args.dry_run else ""))
+    scaler = Autoscaler(server, bounds, policy, server.run_dir, dry_run=args.dry_run, fused=fused)
+    what = f"{args.dag}'s workers × threads" if fused else ", ".join(bounds)
+    print(f"autoscaling {what} within {budget} core(s), every {args.interval_s:.0f}s" + (" (dry run)" if args.dry_run else ""))
     try:
         scaler.run(args.interval_s, args.intervals)
     except KeyboardInterrupt:
@@ -433,7 +442,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (docs/workers-and-cores.md)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
     p.add_argument("--endpoint-url", help="--model-store s3://…: the S3 endpoint (default: AWS's)")
-    p.add_argument("--autoscale", action="store_true", help="also run `segserve autoscale` on the served workflow (stopped by --stop)")
+    p.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="also run `segserve autoscale` on the served workflow, else the fused pipeline (stopped by --stop)",
+    )
     p.set_defaults(run=cmd_serve)
 
     p = sub.add_parser("predict", parents=[common], help="send images through the pipeline, save the JPEGs")
@@ -484,13 +497,21 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_profile)
 
     p = sub.add_parser(
-        "autoscale", parents=[common], help="move workers between a served DAG's nodes as the load moves, within a core budget"
+        "autoscale",
+        parents=[common],
+        help="move workers between a served DAG's nodes (or size a fused pipeline's workers × threads) as the load moves, "
+        "within a core budget",
     )
     p.add_argument("--cores", help="the budget: N cores, or a list like 0-3,6 (default: every core available)")
     p.add_argument("--interval-s", type=float, default=5.0, help="seconds between decisions (default: 5)")
     p.add_argument("--min-interval-s", type=float, default=15.0, help="at least this long between two moves (default: 15)")
     p.add_argument("--dry-run", action="store_true", help="decide and log, change nothing")
-    p.add_argument("--dag", default=DEFAULT_DAG, help=f"the served workflow whose nodes it scales (default: {DEFAULT_DAG})")
+    p.add_argument(
+        "--dag",
+        default=DEFAULT_DAG,
+        help=f"the served workflow whose nodes it scales, or a fused pipeline (e.g. {DEFAULT_DAG}_fused) whose workers × threads it"
+        f" scales (default: {DEFAULT_DAG})",
+    )
     p.add_argument("--intervals", type=int, help="stop after this many decisions (default: run until interrupted)")
     p.set_defaults(run=cmd_autoscale)
 

@@ -105,6 +105,11 @@ RULES: list[tuple[str, str, str]] = [
         "test",
         "tests/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it",
     ),
+    (
+        r"segserve serve --targets seg_jpeg_fused --autoscale",
+        "test",
+        "tests/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it",
+    ),
     (r"segserve serve --core-plan", "test", "tests/test_pinning.py::test_every_process_runs_on_the_cores_of_the_plan"),
     (r"segserve pin --show", "test", "tests/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it"),
     (r"segserve pin --plan-from", "test", "tests/test_pinning_rule.py::test_pin_plan_from_writes_a_plan_the_loader_accepts"),

@@ -301,12 +301,16 @@ class TorchServe:
         """The output capture, the torchserve launcher, the Java frontend and every worker."""
         return sorted(p.pid for p in processes.server_processes(self.run_dir, self._own_ports()))
 
+    def models(self) -> list[str]:
+        """Every model TorchServe has registered (workflow nodes too), from GET /models."""
+        models = self._expect_ok(self.call("management", "GET", "/models?limit=1000"), "listing models").json()["models"]
+        return sorted(m["modelName"] for m in models)
+
     def workflow_nodes(self) -> list[str]:
         """The models TorchServe registered for workflow nodes (<workflow>__<node>), from GET /workflows."""
         workflows = self._expect_ok(self.call("management", "GET", "/workflows"), "listing workflows").json()["workflows"]
-        models = self._expect_ok(self.call("management", "GET", "/models?limit=1000"), "listing models").json()["models"]
         prefixes = tuple(f"{w['workflowName']}__" for w in workflows)
-        return sorted(m["modelName"] for m in models if prefixes and m["modelName"].startswith(prefixes))
+        return [m for m in self.models() if prefixes and m.startswith(prefixes)]
 
     def describe(self, model: str) -> dict:
         return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from segserve.autoscale import Bounds, NodeSample, Policy, Trial, decide, judge, split
+from segserve.autoscale import Bounds, NodeSample, Policy, Trial, decide, decide_workers, judge, mix_of, split
 from segserve.autoscaler import Autoscaler, core_budget, last_decisions, node_bounds, samples_between
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -99,6 +99,9 @@ class FakeServer:
         self.counters = {}
 
     def workflow_nodes(self):
+        return sorted(m for m in self.workers if "__" in m)
+
+    def models(self):
         return sorted(self.workers)
 
     def describe(self, model):
@@ -142,7 +145,7 @@ def test_samples_between_two_reads_are_per_request_means_and_cores(monkeypatch):
     }
     after["counters"][("SegservePredictMs", SEG)] = 50 * 20.0
     seg, jpeg = samples_between(before, after, [SEG, JPEG])
-    assert seg == NodeSample(SEG, 1, 0.8, 4.0, 20.0, served_rps=10.0)
+    assert seg == NodeSample(SEG, 1, 0.8, 4.0, 20.0, served_rps=10.0, stages_ms={"decode": 0.0, "predict": 20.0, "encode": 0.0})
     assert jpeg.workers == 2 and jpeg.cpu_cores == 1.3 and jpeg.queue_ms == 90.0
 
 
@@ -236,3 +239,59 @@ def test_autoscale_without_a_running_server_says_how_to_start_one(tmp_path, caps
 
     assert main(["autoscale", "--run-dir", str(tmp_path / "nothing"), "--intervals", "1"]) == 1
     assert "segserve serve --targets seg_jpeg" in capsys.readouterr().err
+
+
+# The fused pipeline: one model whose workers share the budget's cores (threads = budget // workers).
+FUSED = "seg_jpeg_fused"
+
+
+def fused(workers, cpu, queue_ms, served_rps=40.0, stages=(5.0, 40.0, 5.0)):
+    decode, predict, encode = stages
+    return NodeSample(FUSED, workers, cpu, queue_ms, sum(stages), served_rps, {"decode": decode, "predict": predict, "encode": encode})
+
+
+def test_a_fused_pipeline_takes_a_worker_while_requests_wait_and_gives_it_back_with_cores_to_spare():
+    policy, bounds = Policy(budget_workers=2, min_interval_s=15), Bounds(1, 2)
+    up = decide_workers(fused(1, 1.9, queue_ms=120), bounds, policy, 100.0, None)
+    assert (
+        up.steps == [(FUSED, 2)]
+        and up.reason.startswith(f"{FUSED} takes a worker: requests wait 120 ms")
+        and "1 thread(s) each" in up.reason
+    )
+    full = decide_workers(fused(2, 1.9, queue_ms=120), bounds, policy, 100.0, None)  # one thread each already
+    assert full.steps == [] and full.reason == f"holding: {FUSED} requests wait 120 ms with 2 worker(s) (1–2)"
+    down = decide_workers(fused(2, 0.4, queue_ms=0.5), bounds, policy, 100.0, None)
+    assert down.steps == [(FUSED, 1)] and "keeps up on 0.40 of 2 cores; 2 thread(s) each" in down.reason
+    busy = decide_workers(fused(2, 1.8, queue_ms=0.5), bounds, policy, 100.0, None)  # keeping up, no core to spare
+    assert busy.steps == [] and busy.reason.startswith("holding")
+    too_soon = decide_workers(fused(1, 1.9, queue_ms=120), bounds, policy, 100.0, 90.0)
+    assert too_soon.steps == [] and too_soon.reason == "waiting: 10s since the last move (minimum 15s)"
+    over = decide_workers(fused(3, 1.9, queue_ms=120), bounds, Policy(budget_workers=2), 100.0, None)
+    assert over.steps == [(FUSED, 2)] and "gives a worker back (3 workers, budget 2 cores)" in over.reason
+    short_queue = decide_workers(fused(1, 1.9, queue_ms=8), bounds, policy, 100.0, None)  # 8 ms wait on 50 ms served
+    assert short_queue.steps == []
+
+
+def test_a_fused_pipelines_mix_is_its_stages_and_its_trials_are_judged_like_any_move(tmp_path, monkeypatch, no_metrics):
+    assert mix_of([fused(1, 1.0, 0.0, stages=(10.0, 30.0, 10.0))]) == {"decode": 0.2, "predict": 0.6, "encode": 0.2}
+    server = FakeServer({FUSED: 1, SEG: 1, JPEG: 1})
+    scaler = Autoscaler(server, {FUSED: Bounds(1, 2)}, Policy(budget_workers=2, min_interval_s=0), tmp_path, fused=True)
+    monkeypatch.setattr(scaler.meter, "read", lambda: scaler.meter.last)
+    rates = iter([40.0, 30.0, 40.0])  # before the move, after it, after undoing it
+    monkeypatch.setattr(scaler.meter, "samples", lambda: [fused(server.workers[FUSED], 1.9, 120, next(rates))])
+    assert scaler.step()["move"] == [(FUSED, 2)] and server.calls == [(FUSED, 2), ("ready", FUSED)]
+    undone = scaler.step()
+    assert undone["move"] == [(FUSED, 1)] and "undoing the move: 30.0 req/s after it, 40.0 before" in undone["why"]
+    held = scaler.step()  # the same stages: two workers are known to serve less
+    assert held["move"] == [] and "that split served 30.0 req/s at this mix (40.0 now)" in held["why"]
+    # large photos: decode and encode take most of a request, another mix: it may try again once the mix holds
+    scaler.meter.samples = lambda: [fused(server.workers[FUSED], 1.9, 120, 20.0, stages=(40.0, 40.0, 40.0))]
+    assert "the request mix is moving" in scaler.step()["why"]
+    assert scaler.step()["move"] == [(FUSED, 2)]
+
+
+def test_a_fused_autoscaler_takes_one_registered_model(tmp_path):
+    with pytest.raises(UsageError, match="a fused pipeline is one model"):
+        Autoscaler(FakeServer({FUSED: 1}), BOUNDS, Policy(budget_workers=2), tmp_path, fused=True)
+    with pytest.raises(RuntimeFailure, match="not registered on the server from .*: seg_jpeg_fused \\(serve the fused pipeline first\\)"):
+        Autoscaler(FakeServer({SEG: 1}), {FUSED: Bounds(1, 2)}, Policy(budget_workers=2), tmp_path, fused=True)

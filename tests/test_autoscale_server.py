@@ -2,6 +2,7 @@
 no request fails while it moves. The budget is set above this 2-core machine's on purpose: with one worker
 per node at least, two cores leave nothing to move (the CLI refuses such a budget)."""
 
+import os
 import time
 
 import pytest
@@ -47,3 +48,30 @@ def test_a_phase_of_large_photos_moves_a_worker_to_jpeg_and_no_request_fails(ser
     assert ("large", [JPEG, 2]) in [(phase, list(step)) for phase, step in moves], records
     assert all(all(200 <= s < 300 for s in result.status) for result in results)
     assert all(r["error"] is None for r in records)
+
+
+def test_a_fused_pipeline_under_load_takes_a_worker_and_its_threads_follow(server, tmp_path):
+    from tests.test_pinning import worker_threads
+
+    fused = Catalog(ROOT).target("seg_jpeg_fused")
+    cores = len(os.sched_getaffinity(0))
+    policy = Policy(budget_workers=cores, min_interval_s=4, hysteresis=0.1, min_queue_ms=1)
+    scaler = Autoscaler(server, {fused.name: Bounds(1, cores)}, policy, tmp_path, fused=True)
+    records, threads = [], {}
+    load = Background(server, fused, [(ROOT / "samples" / "shapes_0.jpg").read_bytes()], 8, 150)
+    load.start()
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 90 and server.describe(fused.name)["minWorkers"] == 1:
+            time.sleep(2)  # 8 connections on one worker: requests wait, and it takes a worker
+            records.append(scaler.step())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and set((threads := worker_threads(server, fused.name)).values()) != {str(cores // 2)}:
+            time.sleep(1)  # each worker recounts its threads at a batch, at most once a second
+    finally:
+        result = load.finish()
+        server.scale(fused.name, 1)
+    print(*[(r["move"], r["why"]) for r in records], sep="\n")  # shown with -s
+    assert [fused.name, 2] in [list(step) for r in records if r["applied"] for step in r["move"]], records
+    assert len(threads) == 2 and set(threads.values()) == {str(cores // 2)}, threads  # workers × threads = the budget
+    assert all(200 <= s < 300 for s in result.status) and all(r["error"] is None for r in records)

@@ -117,25 +117,30 @@ def test_instances_started_at_once_are_handed_different_ports_and_worker_ranges(
 
 
 @pytest.mark.integration
-def test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it(model_store, tmp_path, capsys):
+@pytest.mark.parametrize(
+    "served, scaled, what",
+    [("seg_jpeg", {"seg_jpeg__seg", "seg_jpeg__jpeg"}, "nodes"), ("seg_jpeg_fused", {"seg_jpeg_fused"}, "workers × threads")],
+)
+def test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it(model_store, tmp_path, capsys, served, scaled, what):
     import json
     import time
 
     import psutil
 
     args = ["--run-dir", str(tmp_path / "run"), "--model-store", str(model_store), "--config", str(ROOT / "config.properties")]
-    assert main(["serve", "--autoscale", "--targets", "seg", *args]) == 2  # no workflow to scale
+    assert main(["serve", "--autoscale", "--targets", "seg", *args]) == 2  # no workflow or fused pipeline to scale
     assert "serve one (--targets seg_jpeg)" in capsys.readouterr().err
-    assert main(["serve", "--autoscale", "--targets", "seg_jpeg", "--port-base", str(consecutive_free_ports(5)), *args]) == 0
+    assert main(["serve", "--autoscale", "--targets", served, "--port-base", str(consecutive_free_ports(5)), *args]) == 0
     decisions = tmp_path / "run" / "autoscale.jsonl"
     try:
         out = capsys.readouterr().out
+        assert f"autoscaling {served}'s {what} (pid " in out
         pid = int(out.split("(pid ")[1].split(")")[0])
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not (decisions.exists() and decisions.read_text().endswith("\n")):
             time.sleep(0.5)  # a whole first line: the file exists a moment before it is written
         first = json.loads(decisions.read_text().splitlines()[0])
-        assert {m["node"] for m in first["metrics"]} == {"seg_jpeg__seg", "seg_jpeg__jpeg"} and first["why"]
+        assert {m["node"] for m in first["metrics"]} == scaled and first["why"]
         assert main(["pin", "--show", *args]) == 0
         assert "autoscaler, last decisions:" in capsys.readouterr().out
     finally:
