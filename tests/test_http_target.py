@@ -93,3 +93,21 @@ def test_a_pruned_point_stops_after_the_window_the_pruner_judged_hopeless(endpoi
     assert all(r > 0 for r in seen[-1])
     whole = measure(target, load, {"concurrency": 2}, [b"x"], None)
     assert whole["pruned"] is False and whole["windows"] >= 5  # to max_windows (the last may end just short)
+
+
+def test_a_run_whose_every_point_failed_exits_1_with_the_first_error_and_keeps_its_folder(tmp_path, trained_weights, capsys):
+    suite = tmp_path / "dead.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            """
+            targets: [{name: dead, url: "http://127.0.0.1:1/predictions/nothing"}]
+            inputs: [{images: ["samples/shapes_0.jpg"]}]
+            load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 3}
+            """
+        )
+    )
+    assert main(["bench", str(suite), "--results", str(tmp_path / "results"), "--weights", str(trained_weights)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: every point of this run failed (the first: RuntimeFailure: http://127.0.0.1:1/predictions/nothing"), err
+    (folder,) = (tmp_path / "results" / "dead").iterdir()
+    assert f"results: {folder}" in err and (folder / "summary.jsonl").is_file()

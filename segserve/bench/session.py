@@ -23,7 +23,7 @@ from segserve.bench.search import budget_points, candidates, make_strategy
 from segserve.bench.sinks import Best, Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.suite import Suite
 from segserve.catalog import Catalog
-from segserve.errors import UsageError
+from segserve.errors import RuntimeFailure, UsageError
 
 
 def environment(root: Path) -> dict:
@@ -213,7 +213,8 @@ def run_suite(
     exports: list | None = None,
 ) -> Path:
     """Measure what the strategy proposes (skipping points already measured the same way with --resume) and
-    hand every record to the sinks; return the result folder. An optuna search keeps its study in storage_url
+    hand every record to the sinks; return the result folder (RuntimeFailure, exit 1, when every point failed:
+    the folder is written all the same). An optuna search keeps its study in storage_url
     (default: study.log in the result folder), which other bench processes may share."""
     if not weights.exists():
         raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
@@ -278,6 +279,8 @@ def run_suite(
         sink.finish(finished)
     if suite.profile == "best":
         profile_best(suite, catalog, weights, records, points, setup, out_dir, port_base, log)
+    if records and all(r.get("error") for r in records):  # written down, but not a measurement: exit 1, not 0
+        raise RuntimeFailure(f"every point of this run failed (the first: {records[0]['error']}); results: {out_dir}")
     return out_dir
 
 
