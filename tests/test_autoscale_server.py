@@ -1,6 +1,11 @@
-"""The autoscaler on a real TorchServe (#16): a phase of large photos makes it give the jpeg node a worker, and
-no request fails while it moves. The budget is set above this 2-core machine's on purpose: with one worker
-per node at least, two cores leave nothing to move (the CLI refuses such a budget)."""
+"""The autoscaler on a real TorchServe (#16): a phase change (small images, then large photos) makes it move a
+worker, and no request fails while it moves. The budget is set above this 2-core machine's on purpose: with one
+worker per node at least, two cores leave nothing to move (the CLI refuses such a budget).
+
+Which node takes the worker is the machine's answer, not the test's: large photos grow both seg's decode and
+jpeg's encode, and which grows more depends on the cores (here jpeg's queue usually wins; with one core busy
+elsewhere seg's did, and the move to seg was tried and undone). The direction on given metrics is tested
+without a server (tests/test_autoscale.py)."""
 
 import os
 import time
@@ -19,7 +24,7 @@ pytestmark = pytest.mark.integration
 SEG, JPEG = "seg_jpeg__seg", "seg_jpeg__jpeg"
 
 
-def test_a_phase_of_large_photos_moves_a_worker_to_jpeg_and_no_request_fails(server, tmp_path):
+def test_a_phase_of_large_photos_moves_a_worker_and_no_request_fails(server, tmp_path):
     target = Catalog(ROOT).target("seg_jpeg")
     small = [(ROOT / "samples" / "shapes_0.jpg").read_bytes()]
     large = [encode_jpeg(make_sample(seed, 1080, 1920)[0], quality=90).numpy().tobytes() for seed in (1, 2)]
@@ -37,15 +42,14 @@ def test_a_phase_of_large_photos_moves_a_worker_to_jpeg_and_no_request_fails(ser
             while time.monotonic() - started < seconds:
                 time.sleep(2)
                 records.append({**scaler.step(), "phase": phase})
-                if phase == "large" and server.describe(JPEG)["minWorkers"] == 2:
-                    break
+                if phase == "large" and records[-1]["applied"] and "takes a worker" in records[-1]["why"]:
+                    break  # a move of its own in this phase (not the undo of a trial from the last)
             results.append(load.finish())
     finally:
         server.scale(JPEG, 1)
         server.scale(SEG, 1)
     print(*[(r["phase"], r["move"], r["why"]) for r in records], sep="\n")  # shown with -s: what it saw and did
-    moves = [(r["phase"], step) for r in records if r["applied"] for step in r["move"]]
-    assert ("large", [JPEG, 2]) in [(phase, list(step)) for phase, step in moves], records
+    assert any(r["phase"] == "large" and r["applied"] and "takes a worker" in r["why"] for r in records), records
     assert all(all(200 <= s < 300 for s in result.status) for result in results)
     assert all(r["error"] is None for r in records)
 
