@@ -163,6 +163,13 @@ def judge(trial: Trial, samples: list[NodeSample], policy: Policy, now_s: float)
     return decision
 
 
+def _too_soon(policy: Policy, now_s: float, last_move_s: float | None) -> str | None:
+    """Why no move is made yet: less than min_interval_s since the last one; None when one may be."""
+    if last_move_s is not None and now_s - last_move_s < policy.min_interval_s:
+        return f"waiting: {now_s - last_move_s:.0f}s since the last move (minimum {policy.min_interval_s:.0f}s)"
+    return None
+
+
 def _held(after: dict[str, int], samples: list[NodeSample], policy: Policy, now_s: float, known, mix_before, move: str) -> str | None:
     """Why a move to `after` waits (the mix is still moving: the rate it would be judged against was served at
     another mix) or is not made (that split is known to serve no more at this mix); None to make it."""
@@ -202,8 +209,8 @@ def decide(
     if target == current:
         decision.reason = "balanced: the workers already follow the loads"
         return decision
-    if last_move_s is not None and now_s - last_move_s < policy.min_interval_s:
-        decision.reason = f"waiting: {now_s - last_move_s:.0f}s since the last move (minimum {policy.min_interval_s:.0f}s)"
+    if too_soon := _too_soon(policy, now_s, last_move_s):
+        decision.reason = too_soon
         return decision
     total_load, total_workers = sum(loads.values()) or 1.0, sum(current.values())
     grow = max(
@@ -273,8 +280,8 @@ def decide_workers(
         decision.reason = f"holding: {node} {state} with {workers} worker(s) ({bounds.min_workers}–{most})"
         return decision
     decision.target = {node: wanted}
-    if last_move_s is not None and now_s - last_move_s < policy.min_interval_s:
-        decision.reason = f"waiting: {now_s - last_move_s:.0f}s since the last move (minimum {policy.min_interval_s:.0f}s)"
+    if too_soon := _too_soon(policy, now_s, last_move_s):
+        decision.reason = too_soon
         return decision
     held = _held(decision.target, [sample], policy, now_s, known, mix_before, move.split(":")[0])
     if held:
