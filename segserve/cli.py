@@ -216,7 +216,7 @@ def cmd_pin(args) -> int:
         raise UsageError("--cores, --frontend-cores, --dag and --out go with --plan-from, not --show")
     from segserve.pinning import live_affinity
 
-    server = _server(args)
+    server = _running_server(args, DEFAULT_DAG)
     rows = live_affinity(server)
     print(f"{'model':24s} {'pid':>8s}  cpus")
     for row in rows:

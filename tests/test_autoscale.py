@@ -239,6 +239,8 @@ def test_autoscale_without_a_running_server_says_how_to_start_one(tmp_path, caps
 
     assert main(["autoscale", "--run-dir", str(tmp_path / "nothing"), "--intervals", "1"]) == 1
     assert "segserve serve --targets seg_jpeg" in capsys.readouterr().err
+    assert main(["pin", "--show", "--run-dir", str(tmp_path / "nothing")]) == 1  # one line, not a traceback
+    assert capsys.readouterr().err.startswith(f"error: no TorchServe runs from {tmp_path / 'nothing'}")
 
 
 # The fused pipeline: one model whose workers share the budget's cores (threads = budget // workers).
