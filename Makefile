@@ -62,12 +62,12 @@ bench: build setup-numactl
 
 # The reference pages and the suite's JSON Schema, generated from the code (a test fails when they are out of date).
 docs: setup
-	$(BIN)/python -m segserve.docs
+	$(BIN)/python -m segserve.docs.reference
 
 # Every command in README.md and docs/ run here or named with the test that runs it (make test runs the same check
 # as a test, without `make run`, which this target runs too).
 doc-check: setup
-	$(BIN)/python -m segserve.doccheck --full
+	$(BIN)/python -m segserve.docs.doccheck --full
 
 lint: setup
 	$(BIN)/ruff check .
@@ -84,29 +84,29 @@ test-long: setup
 # runs a bounded 2-minute version); new crashing inputs are saved to tests/fuzz_corpus/.
 FUZZ_SECONDS ?= 900
 fuzz: setup
-	$(BIN)/python -m segserve.fuzz --seconds $(FUZZ_SECONDS) --save-crashes
+	$(BIN)/python -m segserve.qa.fuzz --seconds $(FUZZ_SECONDS) --save-crashes
 
 # Under load: kill -9 a worker of every model and then the frontend, restart with `segserve serve`, rescale,
 # send the fuzz corpus; prints requests sent / 2xx / 4xx / 5xx / unanswered and restart times (about 2 minutes).
 chaos: build
-	$(BIN)/python -m segserve.chaos
+	$(BIN)/python -m segserve.qa.chaos
 
 # Small-request latency with and without 25-megapixel JPEGs arriving (about 4 minutes).
 mix: build
-	$(BIN)/python -m segserve.bench.mix
+	$(BIN)/python -m segserve.qa.mix
 
 # On a machine with CUDA, unattended (< 5 min): the GPU tests (pinned buffers, streams and events,
 # nvJPEG decode/encode, the handlers on the device), then a short GPU benchmark that prints
 # throughput and device→host bytes per request.
 gpu-check: setup
 	$(BIN)/python -m pytest -m gpu -v -p no:cacheprovider
-	$(BIN)/python -m segserve.bench.gpu_check --seconds 10
+	$(BIN)/python -m segserve.gpu.check --seconds 10
 
 # The GPU check for a bare CUDA machine (no registry, no Java): gpu_bundle/run.sh and payload.tar.xz (the project,
 # the trained weights, the wheels the checks import, a Java runtime), at most 60 MiB. `gpu_bundle/run.sh --dry-run`
 # runs every step here without CUDA (docs/gpu.md).
 gpu-bundle: build
-	$(BIN)/python -m segserve.gpu_bundle build
+	$(BIN)/python -m segserve.gpu.bundle build
 
 clean:
 	rm -rf model_store out .segserve

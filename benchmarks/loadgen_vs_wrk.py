@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from segserve.bench.load import LoadSpec, run_load  # noqa: E402
+from segserve.bench.run.load import LoadSpec, run_load  # noqa: E402
 
 TRIVIAL_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from segserve.http import request  # noqa: E402
-from segserve.server import TorchServe  # noqa: E402
+from segserve.serving.http import request  # noqa: E402
+from segserve.serving.server import TorchServe  # noqa: E402
 
 
 def sizes(logs: Path) -> dict[str, int]:

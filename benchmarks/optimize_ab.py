@@ -10,14 +10,14 @@ import json
 import sys
 from pathlib import Path
 
-from segserve.bench import plan as planning
-from segserve.bench.compare import paired_change
-from segserve.bench.deploy import Deployment
-from segserve.bench.runner import Runner
-from segserve.bench.search import GridSearch
-from segserve.bench.session import Setup
-from segserve.bench.suite import load_suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.bench.results.compare import paired_change
+from segserve.bench.run.deploy import Deployment
+from segserve.bench.run.runner import Runner
+from segserve.bench.run.session import Setup
+from segserve.bench.search.strategies import GridSearch
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.spec import load_suite
 
 
 def point_of(points, target: str, optimize: str):

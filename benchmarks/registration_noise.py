@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
-from segserve.bench import plan as planning
-from segserve.bench.deploy import Deployment
-from segserve.bench.load import LoadSpec, run_load
-from segserve.bench.session import Setup
-from segserve.bench.suite import load_suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.bench.run.deploy import Deployment
+from segserve.bench.run.load import LoadSpec, run_load
+from segserve.bench.run.session import Setup
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.spec import load_suite
 
 WINDOW_S, WARMUP_S, WINDOWS, MEASUREMENTS = 0.6, 0.3, 3, 3
 

@@ -10,16 +10,16 @@ import json
 import sys
 from pathlib import Path
 
-from segserve.bench import plan as planning
-from segserve.bench.compare import paired_change
-from segserve.bench.deploy import Deployment
-from segserve.bench.results import read_summary
-from segserve.bench.runner import Runner
-from segserve.bench.schema import best
-from segserve.bench.search import GridSearch, candidates
-from segserve.bench.session import Setup, members_of
-from segserve.bench.suite import load_suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.bench.results.compare import paired_change
+from segserve.bench.results.store import read_summary
+from segserve.bench.run.deploy import Deployment
+from segserve.bench.run.runner import Runner
+from segserve.bench.run.session import Setup, members_of
+from segserve.bench.search.strategies import GridSearch, candidates
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.columns import best
+from segserve.bench.suite.spec import load_suite
 
 
 def best_row(folder: Path, suite, catalog, points) -> dict:

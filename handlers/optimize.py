@@ -3,7 +3,7 @@
 - eager: the network as loaded.
 - compile: torch.compile (inductor; C++ kernels on the CPU), frozen weights.
 - int8: the archive's serialized file is a program quantised after training (PT2E flow for x86, built once by
-  `segserve build` / `segserve optimize`, see segserve/quantize.py); inductor compiles it here into oneDNN's
+  `segserve build` / `segserve optimize`, see segserve/model/quantize.py); inductor compiles it here into oneDNN's
   int8 kernels, with the passes torchao registers (torchao must be in the worker's Python).
 - ipex: Intel Extension for PyTorch's optimize(), in a Python that has it (`make setup-ipex`: .venv-ipex).
 

@@ -154,7 +154,7 @@ def decode_jpeg_reduced(body: bytes, min_height: int, min_width: int) -> torch.T
 
 
 def load_network(path: Path, settings: SegmentationSettings) -> torch.nn.Module:
-    """A TorchScript file or an exported program (int8: segserve/quantize.py) as is, or a state_dict loaded into
+    """A TorchScript file or an exported program (int8: segserve/model/quantize.py) as is, or a state_dict loaded into
     SegNet(backbone, num_classes); in eval mode."""
     with zipfile.ZipFile(path) as archive:
         names = archive.namelist()

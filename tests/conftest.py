@@ -7,10 +7,10 @@ import torch
 from ts.context import Context, RequestProcessor
 
 from handlers.segnet import SegNet
-from segserve.build import build, ensure_weights
+from segserve.archives.build import build, ensure_weights
 from segserve.cli import served_targets, start_pipeline
-from segserve.server import TorchServe
-from segserve.worker_context import worker_context
+from segserve.model.worker_context import worker_context
+from segserve.serving.server import TorchServe
 
 ROOT = Path(__file__).resolve().parents[1]
 

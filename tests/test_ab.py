@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from segserve.bench.compare import VERDICTS
+from segserve.bench.results.compare import VERDICTS
 from segserve.cli import main
 from tests.conftest import ROOT
 

@@ -4,10 +4,10 @@ s3://…` downloads into the run dir's store, verified, again only when an archi
 import boto3
 import pytest
 
-from segserve.archive_store import fetch, upload
-from segserve.chaos import free_port_base
+from segserve.archives.s3_store import fetch, upload
 from segserve.cli import main
-from segserve.http import Connection
+from segserve.qa.chaos import free_port_base
+from segserve.serving.http import Connection
 from tests.test_export import aws  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.integration

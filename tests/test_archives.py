@@ -108,7 +108,7 @@ def test_two_builds_of_one_name_at_once_keep_their_own_files(tmp_path):
     model name at once broke each other's archives (seen in CI) until each run got its own TMPDIR."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from segserve.build import archive_model
+    from segserve.archives.build import archive_model
 
     def build(side: str, round_: int) -> set[str]:
         folder = tmp_path / f"{side}{round_}"

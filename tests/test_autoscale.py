@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from segserve.autoscale import Bounds, NodeSample, Policy, Trial, decide, decide_workers, judge, mix_of, split
-from segserve.autoscaler import Autoscaler, core_budget, last_decisions, node_bounds, samples_between
+from segserve.autoscale.loop import Autoscaler, core_budget, last_decisions, node_bounds, samples_between
+from segserve.autoscale.rules import Bounds, NodeSample, Policy, Trial, decide, decide_workers, judge, mix_of, split
 from segserve.errors import RuntimeFailure, UsageError
 
 SEG, JPEG = "seg_jpeg__seg", "seg_jpeg__jpeg"
@@ -92,7 +92,7 @@ def test_every_decision_says_why_and_serialises():
     assert balanced.steps == [] and balanced.reason.startswith("balanced")
 
 
-# The control loop (segserve/autoscaler.py) against a stand-in for the server: its reads and its calls.
+# The control loop (segserve/autoscale/loop.py) against a stand-in for the server: its reads and its calls.
 class FakeServer:
     def __init__(self, workers: dict[str, int], refuse: bool = False):
         self.workers, self.refuse, self.calls = dict(workers), refuse, []
@@ -123,7 +123,7 @@ class FakeServer:
 @pytest.fixture
 def no_metrics(monkeypatch):
     """The stand-in has no /metrics: each test gives the loop its samples."""
-    monkeypatch.setattr("segserve.autoscaler.scrape", lambda url: {})
+    monkeypatch.setattr("segserve.autoscale.loop.scrape", lambda url: {})
 
 
 def counters(seg_requests, jpeg_requests, seg_queue_us, jpeg_queue_us, stage_ms):

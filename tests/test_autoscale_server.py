@@ -13,11 +13,11 @@ import time
 import pytest
 from torchvision.io import encode_jpeg
 
-from segserve.autoscale import Bounds, Policy
-from segserve.autoscaler import Autoscaler
-from segserve.catalog import Catalog
-from segserve.profile import Background
-from segserve.synthetic import make_sample
+from segserve.archives.catalog import Catalog
+from segserve.autoscale.loop import Autoscaler
+from segserve.autoscale.rules import Bounds, Policy
+from segserve.bench.run.profiler import Background
+from segserve.model.synthetic import make_sample
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration

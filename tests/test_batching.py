@@ -11,7 +11,7 @@ from torchvision.io import encode_jpeg, encode_png
 
 from handlers.batching import StageRunner, StagingPool
 from handlers.segmentation import SegmentationHandler
-from segserve.synthetic import make_sample
+from segserve.model.synthetic import make_sample
 from tests.conftest import ROOT, make_context, status_of, with_rows
 
 

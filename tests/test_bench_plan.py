@@ -4,10 +4,10 @@ import textwrap
 
 import pytest
 
-from segserve.bench import plan
-from segserve.bench.stats import latency_summary, spread, stable_tail
-from segserve.bench.suite import load_suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.bench.results.stats import latency_summary, spread, stable_tail
+from segserve.bench.suite import plan
+from segserve.bench.suite.spec import load_suite
 from segserve.cli import main
 from segserve.errors import UsageError
 from tests.conftest import ROOT
@@ -242,7 +242,7 @@ def test_an_http_target_is_measured_at_each_load_point_with_its_headers_from_the
 
 
 def test_a_run_id_changes_with_the_load_settings_the_inputs_and_the_recipe(tmp_path):
-    from segserve.bench.session import Setup
+    from segserve.bench.run.session import Setup
 
     weights = tmp_path / "seg.pt"
     weights.write_bytes(b"weights")
@@ -264,7 +264,7 @@ def test_a_run_id_changes_with_the_load_settings_the_inputs_and_the_recipe(tmp_p
 
 
 def test_the_throughput_interval_comes_from_the_windows():
-    from segserve.bench.stats import mean_interval
+    from segserve.bench.results.stats import mean_interval
 
     low, high = mean_interval([100.0, 102.0, 98.0])
     assert low == pytest.approx(95.03, abs=0.01) and high == pytest.approx(104.97, abs=0.01)  # t(0.975, 2) = 4.303

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import yaml
 
-from segserve.bench.schema import BASE_COLUMNS
+from segserve.bench.suite.columns import BASE_COLUMNS
 from segserve.cli import main
 from tests.conftest import ROOT
 
@@ -97,10 +97,10 @@ def test_resume_skips_finished_points_and_compare_finds_no_regression(result_dir
 def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, trained_weights):
     import zipfile
 
-    from segserve.bench.deploy import Deployment
-    from segserve.bench.plan import expand, settings_for
-    from segserve.bench.suite import load_suite
-    from segserve.catalog import Catalog
+    from segserve.archives.catalog import Catalog
+    from segserve.bench.run.deploy import Deployment
+    from segserve.bench.suite.plan import expand, settings_for
+    from segserve.bench.suite.spec import load_suite
 
     catalog = Catalog(ROOT)
     suite_path = tmp_path / "fused.yaml"

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import yaml
 
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
 from segserve.cli import main
 from tests.conftest import ROOT
 
@@ -71,7 +71,7 @@ BROKEN = {
 def test_every_shipped_workflow_asks_a_node_again_before_a_client_gives_up():
     """TorchServe 0.12 can drop a workflow node's answer (docs/serving.md): a node must be asked again after its
     timeout-ms, inside the load generator's 30 s, or the request is lost (a CI run failed on it)."""
-    from segserve.bench.load import LoadSpec
+    from segserve.bench.run.load import LoadSpec
 
     client_timeout_ms = LoadSpec.__dataclass_fields__["timeout_s"].default * 1000
     for path in sorted((ROOT / "workflows").glob("*.yaml")):

@@ -107,7 +107,7 @@ def test_instances_started_at_once_are_handed_different_ports_and_worker_ranges(
     # `bench ab` starts two TorchServes in two threads: each binds its ports only after both have chosen them
     from concurrent.futures import ThreadPoolExecutor
 
-    from segserve.ts_config import free_worker_port_base, loopback_ports
+    from segserve.serving.ts_config import free_worker_port_base, loopback_ports
 
     with ThreadPoolExecutor(4) as pool:
         chosen = list(pool.map(lambda _: (loopback_ports(None), free_worker_port_base()), range(4)))
@@ -156,10 +156,10 @@ def test_a_worker_range_another_live_process_claimed_is_not_handed_out(monkeypat
     import subprocess
     import sys
 
-    from segserve import ts_config
+    from segserve.serving import ts_config
 
     other = subprocess.Popen(
-        [sys.executable, "-c", "from segserve.ts_config import free_worker_port_base as f; print(f(), flush=True); input()"],
+        [sys.executable, "-c", "from segserve.serving.ts_config import free_worker_port_base as f; print(f(), flush=True); input()"],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

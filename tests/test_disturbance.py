@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from segserve.bench.disturbance import DisturbanceSampler, machine_cpu_s
+from segserve.bench.run.disturbance import DisturbanceSampler, machine_cpu_s
 
 BURN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 import yaml
 
-from segserve import doccheck, docs
+from segserve.docs import doccheck
+from segserve.docs import reference as docs
 from tests.conftest import ROOT
 
 

@@ -14,7 +14,7 @@ import urllib.request
 import boto3
 import pytest
 
-from segserve.bench.export import samples
+from segserve.bench.results.export import samples
 from segserve.cli import main
 
 pytestmark = pytest.mark.integration
@@ -258,7 +258,7 @@ def test_query_reads_runs_exported_to_s3(aws, folder, tmp_path, capsys):
 def test_a_destination_failing_after_the_suite_keeps_the_results_and_says_how_to_finish(tmp_path):
     import types
 
-    from segserve.bench.sinks import Export
+    from segserve.bench.results.sinks import Export
 
     class Broken:
         dest = "s3://bucket/prefix"

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torchvision.io import decode_jpeg, encode_png
 
-from segserve.synthetic import make_sample
-from segserve.train import normalise
+from segserve.model.synthetic import make_sample
+from segserve.model.train import normalise
 from tests.conftest import ROOT
 from tests.test_integration import foreground_of, iou, post
 

@@ -1,4 +1,4 @@
-"""The fuzzer (segserve/fuzz.py): its harness sees crashes, hangs and 500s; the saved corpus replays clean;
+"""The fuzzer (segserve/qa/fuzz.py): its harness sees crashes, hangs and 500s; the saved corpus replays clean;
 a bounded run over every handler's input path finds nothing. `make fuzz` runs it longer."""
 
 import random
@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from segserve.fuzz import CORPUS, MAX_SAVED_BYTES, TARGETS, Harness, fuzz, judge, read_corpus, save_input
-from segserve.fuzz_inputs import Input, InputSource
+from segserve.qa.fuzz import CORPUS, MAX_SAVED_BYTES, TARGETS, Harness, fuzz, judge, read_corpus, save_input
+from segserve.qa.fuzz_inputs import Input, InputSource
 
 FUZZ_SECONDS = 90  # shared evenly by the four targets
 CORPUS_INPUTS = [(target, item) for target in TARGETS for item in read_corpus(CORPUS, target)]
@@ -99,6 +99,6 @@ def test_a_bounded_fuzz_run_finds_no_crash_hang_or_bad_answer():
 @pytest.mark.parametrize("target", TARGETS)
 def test_input_generation_never_breaks_for_many_seeds(target):
     """The harness's own generators: a 10-minute run once stopped on an IndexError in craft_jpeg (seed 3)."""
-    for seed in range(6):  # with the corpus as extra seeds, as `segserve.fuzz` runs it
+    for seed in range(6):  # with the corpus as extra seeds, as `segserve.qa.fuzz` runs it
         source = InputSource(target, seed, raw_nbytes=3 * 256 * 448 * 2, extra_seeds=read_corpus(CORPUS, target))
         assert all(isinstance(next(source).body, bytes) for _ in range(1500))

@@ -9,8 +9,8 @@ import sys
 import psutil
 import pytest
 
-from segserve.gpu_bundle import BUNDLE_LIMIT_BYTES, build_bundle
-from segserve.gpu_summary import _goals, summary_text
+from segserve.gpu.bundle import BUNDLE_LIMIT_BYTES, build_bundle
+from segserve.gpu.summary import _goals, summary_text
 from tests.conftest import ROOT
 
 STEPS = ["unpack", "facts", "venv", "gpu_tests", "build", "serve", "bench", "summary"]
@@ -59,13 +59,13 @@ def test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step(tmp_path,
 
 def test_run_sh_refuses_an_interpreter_without_torch_in_one_line(tmp_path):
     env = {**os.environ, "PYTHON": "/usr/bin/env", "OUT": str(tmp_path / "out")}  # runs, but is no Python with torch
-    run = subprocess.run([str(ROOT / "gpu" / "run.sh"), "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
+    run = subprocess.run([str(ROOT / "segserve" / "gpu" / "run.sh"), "--dry-run"], env=env, capture_output=True, text=True, timeout=30)
     assert run.returncode == 2
     assert run.stderr.startswith("run.sh: /usr/bin/env has no torch and torchvision: set PYTHON")
 
 
 def test_run_sh_refuses_an_unknown_argument_with_its_usage():
-    run = subprocess.run([str(ROOT / "gpu" / "run.sh"), "--gpu"], capture_output=True, text=True, timeout=30)
+    run = subprocess.run([str(ROOT / "segserve" / "gpu" / "run.sh"), "--gpu"], capture_output=True, text=True, timeout=30)
     assert run.returncode == 2
     assert run.stderr.strip().endswith("run.sh [--dry-run]")
 

@@ -15,7 +15,7 @@ from handlers import classmap
 from handlers.base import BATCH_SIZE_HEADER
 from handlers.jpeg import JpegHandler, voc_palette
 from handlers.segmentation import SegmentationHandler, image_size
-from segserve.synthetic import make_sample
+from segserve.model.synthetic import make_sample
 from tests.conftest import make_context, status_of, with_rows
 
 RAW_FP16_BYTES = 3 * 256 * 448 * 2  # the seed's body: FP16 [3, 256, 448]

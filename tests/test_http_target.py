@@ -74,9 +74,9 @@ def test_an_http_target_is_measured_with_its_headers_and_a_dead_one_fails_withou
 
 def test_a_pruned_point_stops_after_the_window_the_pruner_judged_hopeless(endpoint):
     """measure() asks the pruner after each window; True stops the load there and marks the point `pruned`."""
-    from segserve.bench.measure import Endpoint as Measured
-    from segserve.bench.measure import measure
-    from segserve.bench.suite import LoadSettings
+    from segserve.bench.run.measure import Endpoint as Measured
+    from segserve.bench.run.measure import measure
+    from segserve.bench.suite.spec import LoadSettings
 
     url, path = endpoint.rsplit("/predictions", 1)
     target = Measured(url, "/predictions" + path, None, {}, None, ())

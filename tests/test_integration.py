@@ -9,9 +9,9 @@ import torch
 from torchvision.io import decode_jpeg, encode_png
 
 from handlers.base import BATCH_SIZE_HEADER
-from segserve.http import Connection
-from segserve.synthetic import make_sample
-from segserve.train import normalise
+from segserve.model.synthetic import make_sample
+from segserve.model.train import normalise
+from segserve.serving.http import Connection
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -154,7 +154,7 @@ def test_rescaling_a_workflow_node_under_load_loses_no_request(server):
     import threading
     import time
 
-    from segserve.bench.load import LoadSpec, run_load
+    from segserve.bench.run.load import LoadSpec, run_load
 
     bodies = [p.read_bytes() for p in sorted((ROOT / "samples").glob("*.jpg"))]
     spec = LoadSpec(server.url("inference"), "/wfpredict/seg_jpeg", bodies, server.token("inference"), concurrency=4)

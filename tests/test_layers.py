@@ -18,20 +18,20 @@ LAYERS = {
         [
             "segserve",
             "segserve.errors",
-            "segserve.http",
-            "segserve.processes",
-            "segserve.pinning",
-            "segserve.catalog",
-            "segserve.build",
-            "segserve.server",
-            "segserve.ts_config",
-            "segserve.synthetic",
-            "segserve.train",
-            "segserve.worker_context",
-            "segserve.predict",
-            "segserve.quantize",
-            "segserve.accuracy",
-            "segserve.autoscale",
+            "segserve.serving.http",
+            "segserve.serving.processes",
+            "segserve.serving.cores",
+            "segserve.archives.catalog",
+            "segserve.archives.build",
+            "segserve.serving.server",
+            "segserve.serving.ts_config",
+            "segserve.model.synthetic",
+            "segserve.model.train",
+            "segserve.model.worker_context",
+            "segserve.serving.client",
+            "segserve.model.quantize",
+            "segserve.model.accuracy",
+            "segserve.autoscale.rules",
         ],
         1,
     ),
@@ -42,28 +42,28 @@ LAYERS = {
             "bare results study"
         ).split()
     },
-    "segserve.autoscaler": 2,  # the loop: measured beside a suite's autoscaled points
+    "segserve.autoscale.loop": 2,  # the loop: measured beside a suite's autoscaled points
     **{f"segserve.bench.{name}": 3 for name in "analysis render report plots compare sinks core_plan".split()},
     **dict.fromkeys(
         [
-            "segserve.bench.session",
+            "segserve.bench.run.session",
             "segserve.bench.ab",
             "segserve.bench.replay",
-            "segserve.bench.query",
-            "segserve.bench.export",
+            "segserve.bench.results.query",
+            "segserve.bench.results.export",
             "segserve.cli",
-            "segserve.chaos",
-            "segserve.fuzz",
-            "segserve.fuzz_inputs",
-            "segserve.fuzz_worker",
-            "segserve.bench.mix",
-            "segserve.bench.gpu_check",
-            "segserve.variants",
-            "segserve.profile",
-            "segserve.docs",
-            "segserve.doccheck",
-            "segserve.gpu_bundle",
-            "segserve.gpu_summary",
+            "segserve.qa.chaos",
+            "segserve.qa.fuzz",
+            "segserve.qa.fuzz_inputs",
+            "segserve.qa.fuzz_worker",
+            "segserve.qa.mix",
+            "segserve.gpu.check",
+            "segserve.optimize.variants",
+            "segserve.bench.run.profiler",
+            "segserve.docs.reference",
+            "segserve.docs.doccheck",
+            "segserve.gpu.bundle",
+            "segserve.gpu.summary",
         ],
         4,
     ),
@@ -116,10 +116,10 @@ def test_no_import_runs_from_a_lower_layer_to_a_higher_one():
 def test_the_check_catches_an_upward_import(tmp_path):
     (tmp_path / "segserve" / "bench").mkdir(parents=True)
     runner = tmp_path / "segserve" / "bench" / "runner.py"
-    runner.write_text("def f():\n    from segserve.bench.report import write_report\n")  # inside a function counts too
+    runner.write_text("def f():\n    from segserve.bench.results.report import write_report\n")  # inside a function counts too
     handler = tmp_path / "handlers.py"
-    handler.write_text("import segserve.catalog\n")
+    handler.write_text("import segserve.archives.catalog\n")
     assert upward_imports([runner, handler], tmp_path) == [
-        "segserve.bench.runner (layer 2) imports segserve.bench.report.write_report (layer 3)",
-        "handlers (layer 0) imports segserve.catalog (layer 1)",
+        "segserve.bench.run.runner (layer 2) imports segserve.bench.results.report.write_report (layer 3)",
+        "handlers (layer 0) imports segserve.archives.catalog (layer 1)",
     ]

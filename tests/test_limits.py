@@ -20,7 +20,7 @@ from handlers.base import SegserveHandler
 from handlers.jpeg import JpegHandler
 from handlers.pipeline import PipelineHandler
 from handlers.segmentation import SegmentationHandler
-from segserve.synthetic import make_sample
+from segserve.model.synthetic import make_sample
 from tests.conftest import make_context, status_of, with_rows
 
 RAW_SHAPE = (3, 256, 448)

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from segserve.bench.load import LoadResult, LoadSpec, arrival_schedule, run_load
+from segserve.bench.run.load import LoadResult, LoadSpec, arrival_schedule, run_load
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -14,14 +14,14 @@ from torchvision.io import encode_jpeg
 
 from handlers import optimize
 from handlers.segmentation import SegmentationHandler
-from segserve.accuracy import MAX_IOU_DROP, verdict
-from segserve.bench.render import header, status
-from segserve.bench.runner import validity
-from segserve.bench.schema import best
+from segserve.bench.results.render import header, status
+from segserve.bench.run.runner import validity
+from segserve.bench.suite.columns import best
 from segserve.errors import RuntimeFailure
-from segserve.quantize import quantize_int8
-from segserve.synthetic import make_sample
-from segserve.worker_context import worker_context
+from segserve.model.accuracy import MAX_IOU_DROP, verdict
+from segserve.model.quantize import quantize_int8
+from segserve.model.synthetic import make_sample
+from segserve.model.worker_context import worker_context
 from tests.conftest import ROOT
 
 SMALL = {"input_height": 64, "input_width": 96}
@@ -83,8 +83,8 @@ def test_int8_program_serves_batches_of_every_size_without_compiling_again(int8_
 
 
 def test_an_int8_fused_archive_ships_the_quantised_program_and_a_longer_startup_timeout(tmp_path, trained_weights):
-    from segserve.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
-    from segserve.catalog import Catalog
+    from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
+    from segserve.archives.catalog import Catalog
 
     catalog = Catalog(ROOT)
     recipe = Recipe(catalog, trained_weights, tmp_path / "store", tmp_path / "staging", log=lambda _: None)

@@ -6,12 +6,12 @@ import textwrap
 
 import pytest
 
-from segserve.autoscaler import reactions
-from segserve.bench import plan
-from segserve.bench.analysis import autoscaler_vs_static, phase_table
-from segserve.bench.inputs import request_bodies
-from segserve.bench.suite import load_suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.autoscale.loop import reactions
+from segserve.bench.results.analysis import autoscaler_vs_static, phase_table
+from segserve.bench.run.inputs import request_bodies
+from segserve.bench.suite import plan
+from segserve.bench.suite.spec import load_suite
 from segserve.cli import main
 from segserve.errors import UsageError
 from tests.conftest import ROOT

@@ -15,9 +15,9 @@ import torch
 from handlers.pinning import WORKERS_DIR, SharedCores, count_live_workers, register_worker
 from segserve.cli import served_targets, start_pipeline
 from segserve.errors import UsageError
-from segserve.http import request
-from segserve.pinning import live_affinity, load_plan
-from segserve.server import TorchServe
+from segserve.serving.cores import live_affinity, load_plan
+from segserve.serving.http import request
+from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
 
 PLAN = ROOT / "core_plan.yaml"  # frontend + seg_jpeg__jpeg on core 0, seg_jpeg__seg on core 1

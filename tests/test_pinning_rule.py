@@ -7,7 +7,7 @@ import pytest
 
 from segserve.cli import main
 from segserve.errors import UsageError
-from segserve.pinning import largest_remainder, load_plan, parse_cores, split_cores
+from segserve.serving.cores import largest_remainder, load_plan, parse_cores, split_cores
 
 AVAILABLE = sorted(os.sched_getaffinity(0))
 needs_two_cores = pytest.mark.skipif(len(AVAILABLE) < 2, reason="needs 2 cores")

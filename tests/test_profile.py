@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from segserve.bench.run.profiler import handler_costs, profile, top_functions
 from segserve.cli import main
-from segserve.profile import handler_costs, profile, top_functions
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def test_handler_costs_name_the_innermost_handler_frame(tmp_path):
 
 
 def test_profile_samples_every_worker_of_a_workflow_and_traces_each_node(server, tmp_path):
-    from segserve.catalog import Catalog
+    from segserve.archives.catalog import Catalog
 
     target = Catalog(ROOT).target("seg_jpeg")
     bodies = [(ROOT / "samples" / "shapes_0.jpg").read_bytes()]

@@ -5,10 +5,10 @@ import textwrap
 
 import pytest
 
-from segserve.bench import plan as planning
+from segserve.archives.catalog import Catalog
 from segserve.bench.replay import replay
-from segserve.bench.suite import load_suite
-from segserve.catalog import Catalog
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.spec import load_suite
 from segserve.cli import main
 from segserve.errors import UsageError
 from tests.conftest import ROOT

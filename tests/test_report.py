@@ -5,15 +5,15 @@ import json
 
 import pytest
 
-from segserve.bench.analysis import Pipeline, analyse, served_vs_bare
-from segserve.bench.compare import compare
-from segserve.bench.plots import pareto_front
-from segserve.bench.render import render_table
-from segserve.bench.report import write_report
-from segserve.bench.results import IDENTITY_KEYS, read_summary, write_summary
-from segserve.bench.schema import BASE_COLUMNS, EXTRA_COLUMNS
-from segserve.bench.sinks import FinishedRun, Plots
-from segserve.bench.suite import Suite
+from segserve.bench.results.analysis import Pipeline, analyse, served_vs_bare
+from segserve.bench.results.compare import compare
+from segserve.bench.results.plots import pareto_front
+from segserve.bench.results.render import render_table
+from segserve.bench.results.report import write_report
+from segserve.bench.results.sinks import FinishedRun, Plots
+from segserve.bench.results.store import IDENTITY_KEYS, read_summary, write_summary
+from segserve.bench.suite.columns import BASE_COLUMNS, EXTRA_COLUMNS
+from segserve.bench.suite.spec import Suite
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PIPELINES = {"seg_jpeg": Pipeline(("seg", "jpeg"), "seg"), "seg_jpeg_fused": Pipeline(("seg", "jpeg"), "seg")}
@@ -324,7 +324,7 @@ def test_compare_refuses_folders_without_a_point_in_common(tmp_path):
 
 
 def test_a_served_rate_above_the_bare_network_beyond_its_interval_is_suspect_not_a_result():
-    from segserve.bench.runner import served_vs_bare as beside
+    from segserve.bench.run.runner import served_vs_bare as beside
 
     sane = beside([70.0, 72.0, 71.0], [100.0, 104.0, 98.0, 101.0, 99.0, 103.0])
     assert sane["ratio_bare"] == pytest.approx(71.0 / 100.5) and not sane["suspect"]
@@ -346,7 +346,7 @@ def test_pipeline_ratios_carry_a_bootstrap_interval_from_the_measured_windows(re
 
 
 def test_the_suite_decides_from_every_points_change():
-    from segserve.bench.compare import Change, overall_change
+    from segserve.bench.results.compare import Change, overall_change
 
     def changes(values):
         return [Change(v, v - 0.1, v + 0.1, "too noisy to tell") for v in values]
@@ -381,7 +381,7 @@ def test_ratios_of_disturbed_points_are_not_printed_as_results(records):
 
 
 def test_a_point_measured_in_rounds_is_judged_from_its_rounds_side_by_side():
-    from segserve.bench.compare import paired_change
+    from segserve.bench.results.compare import paired_change
 
     # every round's workers run at their own speed (80…120), but B is 10% slower than A within each round
     a = [100.0, 120.0, 80.0, 110.0]
@@ -394,8 +394,8 @@ def test_a_point_measured_in_rounds_is_judged_from_its_rounds_side_by_side():
 
 
 def test_two_objectives_give_a_pareto_front_and_the_report_a_search_section(tmp_path):
-    from segserve.bench.analysis import pareto_front
-    from segserve.bench.report import write_report
+    from segserve.bench.results.analysis import pareto_front
+    from segserve.bench.results.report import write_report
 
     rows = [
         record("fast", "seg_jpeg", 100.0, 400.0),

@@ -2,9 +2,9 @@
 
 import pytest
 
-from segserve.bench.plan import Point
-from segserve.bench.search import Space, budget_points, make_strategy
-from segserve.bench.suite import Budget
+from segserve.bench.search.strategies import Space, budget_points, make_strategy
+from segserve.bench.suite.plan import Point
+from segserve.bench.suite.spec import Budget
 from segserve.errors import UsageError
 
 BATCHES = [1, 2, 4, 8, 16, 32]

@@ -10,10 +10,10 @@ import time
 import psutil
 import pytest
 
-from segserve import processes
 from segserve.cli import main
 from segserve.errors import RuntimeFailure
-from segserve.server import TorchServe
+from segserve.serving import processes
+from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
 
 CONFIG = ROOT / "config.properties"
@@ -143,7 +143,7 @@ def test_captured_output_rotates_and_stays_under_its_cap(tmp_path):
     log = tmp_path / "torchserve.out"
     log.write_bytes(b"x" * 900)  # an earlier run's output counts toward the cap
     writer = "import sys\nfor i in range(500): sys.stdout.write(f'line {i:04d}\\n'); sys.stdout.flush()\nsys.exit(3)"
-    command = [sys.executable, "-m", "segserve.processes", "capture", str(log), "1000", "2", sys.executable, "-c", writer]
+    command = [sys.executable, "-m", "segserve.serving.processes", "capture", str(log), "1000", "2", sys.executable, "-c", writer]
     assert subprocess.run(command, timeout=60).returncode == 3  # the command's exit code comes back
     files = sorted(tmp_path.glob("torchserve.out*"))
     assert [f.name for f in files] == ["torchserve.out", "torchserve.out.1", "torchserve.out.2"]

@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from segserve.errors import RuntimeFailure
-from segserve.server import TorchServe
+from segserve.serving.server import TorchServe
 
 CME = b'{"code": 500, "type": "ConcurrentModificationException", "message": null}'
 

@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from segserve.bench import plan as planning
-from segserve.bench import study
-from segserve.bench.runner import record_for
-from segserve.bench.search import make_strategy
-from segserve.bench.session import collect
-from segserve.bench.suite import Budget, load_suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.bench.run.runner import record_for
+from segserve.bench.run.session import collect
+from segserve.bench.search import study
+from segserve.bench.search.strategies import make_strategy
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.spec import Budget, load_suite
 from segserve.cli import main
 from tests.conftest import ROOT
 from tests.test_search import record, space

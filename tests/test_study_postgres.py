@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from segserve.bench import study
-from segserve.chaos import free_port_base
+from segserve.bench.search import study
+from segserve.qa.chaos import free_port_base
 from tests.conftest import ROOT
 from tests.test_search import record, space
 from tests.test_study import shared

@@ -4,8 +4,8 @@ import json
 
 import torch
 
-from segserve.synthetic import make_sample
-from segserve.train import TrainSettings, train
+from segserve.model.synthetic import make_sample
+from segserve.model.train import TrainSettings, train
 
 
 def test_samples_are_a_pure_function_of_the_seed():

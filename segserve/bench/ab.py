@@ -14,15 +14,15 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
-from segserve.bench import plan as planning
-from segserve.bench.compare import overall_change, paired_change, throughput_change
-from segserve.bench.deploy import Deployment
-from segserve.bench.load import LoadSpec, run_load
-from segserve.bench.measure import measure, process_groups
-from segserve.bench.render import render_table
-from segserve.bench.session import Setup
-from segserve.bench.suite import Suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.bench.results.compare import overall_change, paired_change, throughput_change
+from segserve.bench.results.render import render_table
+from segserve.bench.run.deploy import Deployment
+from segserve.bench.run.load import LoadSpec, run_load
+from segserve.bench.run.measure import measure, process_groups
+from segserve.bench.run.session import Setup
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.spec import Suite
 from segserve.errors import UsageError
 
 WARM_UP_S = 2.0  # of load on each side before the first round

@@ -9,14 +9,14 @@ import json
 import statistics
 from pathlib import Path
 
-from segserve.bench import plan as planning
-from segserve.bench.render import render_table
-from segserve.bench.results import read_summary
-from segserve.bench.schema import METRICS, best
-from segserve.bench.search import STRATEGIES, candidates, make_strategy
-from segserve.bench.session import members_of
-from segserve.bench.suite import Budget, load_suite
-from segserve.catalog import Catalog
+from segserve.archives.catalog import Catalog
+from segserve.bench.results.render import render_table
+from segserve.bench.results.store import read_summary
+from segserve.bench.run.session import members_of
+from segserve.bench.search.strategies import STRATEGIES, candidates, make_strategy
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.columns import METRICS, best
+from segserve.bench.suite.spec import Budget, load_suite
 from segserve.errors import UsageError
 
 

@@ -1,0 +1,318 @@
+"""What the records say, computed once for every renderer (report, terminal summary, plots, best/): the
+winner of each target under the constraints, served vs bare, pipeline efficiency, where time goes."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from segserve.bench.suite.columns import METRICS, best, satisfies
+from segserve.bench.results.stats import bootstrap_interval, ratio
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A DAG target as the analyses see it: its member model targets and the node that carries the weights."""
+
+    members: tuple[str, ...]
+    weights_node: str | None
+
+
+@dataclass
+class Analysis:
+    targets: list[str]  # in the order the records first name them
+    winners: dict[str, dict | None]
+    served_vs_bare: list[dict]
+    efficiency: list[dict]
+    breakdown: list[dict]
+    pareto: list[dict] = field(default_factory=list)  # two objectives: the points no other beats on both
+    predictions: list[dict] = field(default_factory=list)  # auto search: predicted vs measured throughput
+    infeasible: int = 0  # measured points that break a constraint (or failed)
+    phases: list[dict] = field(default_factory=list)  # load.phases: every point per phase and overall
+    autoscaler_vs_static: list[dict] = field(default_factory=list)  # each phase: the autoscaler against the best static split
+
+
+def analyse(
+    records: list[dict], constraints: dict, objective: str, bare: list[dict], pipelines: dict[str, Pipeline], objectives: list[str] = ()
+) -> Analysis:
+    targets = list(dict.fromkeys(r.get("target") for r in records))
+    winners = {t: best([r for r in records if r.get("target") == t], constraints, objective) for t in targets}
+    return Analysis(
+        targets,
+        winners,
+        served_vs_bare(records, constraints, objective, bare),
+        efficiency(winners, bare, pipelines),
+        time_breakdown(winners, pipelines),
+        pareto_front(records, list(objectives), constraints),
+        predictions(records),
+        sum(not satisfies(r, constraints) for r in records),
+        phase_table(records),
+        autoscaler_vs_static(records),
+    )
+
+
+def split_label(record: dict) -> str:
+    """A point's workers as "seg 2 · jpeg 1", and whether the autoscaler ran from there."""
+    counts = [f"{k.removesuffix('_workers')} {v}" for k, v in sorted(record.items()) if k.endswith("_workers") and isinstance(v, int)]
+    label = " · ".join(counts) or f"workers {record.get('workers')}"
+    return label + (" → autoscaled" if record.get("autoscale") else "")
+
+
+def _measured_phases(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("phases") and not r.get("error")]
+
+
+def phase_table(records: list[dict]) -> list[dict]:
+    """One row per point measured under load.phases: req/s and p99 of each phase and overall, failed requests, and
+    for an autoscaled point its moves, the seconds to its first move in each phase and its CPU."""
+    rows = []
+    for record in _measured_phases(records):
+        row = {"target": record["target"], "split": split_label(record)}
+        for phase in record["phases"]:
+            row[f"{phase['phase']}_rps"] = phase["throughput_rps"]
+            row[f"{phase['phase']}_p99_ms"] = phase["latency_p99_ms"]
+        row |= {"overall_rps": record["throughput_rps"], "overall_p99_ms": record["latency_p99_ms"], "failed": record["requests_failed"]}
+        if record.get("autoscale"):
+            row["moves"] = " ".join(f"{phase['phase']}: {len(phase.get('moves') or [])}" for phase in record["phases"])
+            row["reaction_s"] = " ".join(f"{phase['phase']}: {phase.get('reaction_s')}" for phase in record["phases"])
+            row["autoscaler_cpu_pct"] = record.get("autoscaler_cpu_pct")
+        rows.append(row)
+    return rows
+
+
+def autoscaler_vs_static(records: list[dict]) -> list[dict]:
+    """For each autoscaled point, per phase and overall: the best static split of its target with as many workers
+    in all (its budget), the autoscaler's rate and their ratio; overall, whether it is ahead of every such split."""
+    measured = _measured_phases(records)
+
+    def total(record: dict) -> int:
+        return sum(v for k, v in record.items() if k.endswith("_workers") and isinstance(v, int))
+
+    rows = []
+    for auto in (r for r in measured if r.get("autoscale")):
+        static = [r for r in measured if r["target"] == auto["target"] and not r.get("autoscale") and total(r) == total(auto)]
+        if not static:
+            continue
+        names = [phase["phase"] for phase in auto["phases"]]
+        for index, name in enumerate([*names, "overall"]):
+
+            def rate(record: dict, index: int = index, name: str = name) -> float:
+                return record["throughput_rps"] if name == "overall" else record["phases"][index]["throughput_rps"]
+
+            best_static = max(static, key=rate)
+            rows.append(
+                {
+                    "autoscaled": split_label(auto),
+                    "phase": name,
+                    "best_static": split_label(best_static),
+                    "best_static_rps": rate(best_static),
+                    "autoscaler_rps": rate(auto),
+                    "ratio": rate(auto) / rate(best_static) if rate(best_static) else None,
+                    "ahead_of_every_static": all(rate(auto) > rate(r) for r in static) if name == "overall" else None,
+                }
+            )
+    return rows
+
+
+def pareto_front(records: list[dict], objectives: list[str], constraints: dict) -> list[dict]:
+    """With two objectives: the points that meet the constraints and that no other such point matches or beats
+    on both while beating on one; best first by the first objective."""
+    if len(objectives) < 2:
+        return []
+    signs = [1 if METRICS[o].higher_is_better else -1 for o in objectives]
+    feasible = [r for r in records if satisfies(r, constraints) and all(r.get(o) is not None for o in objectives)]
+
+    def score(record: dict) -> list[float]:
+        return [sign * record[o] for sign, o in zip(signs, objectives, strict=True)]
+
+    def beaten(record: dict) -> bool:
+        mine = score(record)
+        return any(
+            all(a >= b for a, b in zip(score(other), mine, strict=True)) and score(other) != mine
+            for other in feasible
+            if other is not record
+        )
+
+    front = sorted((r for r in feasible if not beaten(r)), key=lambda r: -score(r)[0])
+    return [{"run_id": r.get("run_id"), "target": r.get("target"), **{o: r[o] for o in objectives}} for r in front]
+
+
+def predictions(records: list[dict]) -> list[dict]:
+    """The auto search's predicted throughput of each pipeline point it measured, against what was measured."""
+    rows = []
+    for r in records:
+        predicted, measured = r.get("predicted_throughput_rps"), r.get("throughput_rps")
+        if predicted is not None:
+            rows.append(
+                {
+                    "run_id": r.get("run_id"),
+                    "target": r.get("target"),
+                    "predicted_throughput_rps": predicted,
+                    "throughput_rps": measured,
+                    "measured_over_predicted": ratio(measured, predicted),
+                }
+            )
+    return rows
+
+
+def _pick_bare(bare: list[dict], batch_size, threads, input_size=None, optimize=None, precision=None) -> dict | None:
+    """The bare forward measurement matching the batch size, input size and network variant (optimize, precision;
+    the end-of-suite bare forward is eager fp32), and threads when known, else the fastest."""
+    input_size, variant = list(input_size or (256, 448)), (optimize or "eager", precision or "fp32")
+    same_batch = [
+        b
+        for b in bare
+        if b.get("batch_size") == batch_size
+        and list(b.get("input_size") or (256, 448)) == input_size
+        and (b.get("optimize") or "eager", b.get("precision") or "fp32") == variant
+    ]
+    exact = [b for b in same_batch if threads is not None and b.get("threads") == threads]
+    candidates = exact or same_batch
+    return max(candidates, key=lambda b: b.get("throughput_ips") or 0) if candidates else None
+
+
+def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
+    """Per target measured beside the bare forward (the model that carries the weights, alone) and per thread
+    count and input size: its best batch size against the bare forward at the same batch size, threads and
+    input size. The first row of each target is its overall winner."""
+    rows = []
+    for target in dict.fromkeys(r.get("target") for r in records if r.get("bare_forward_ips") is not None):
+        points = [r for r in records if r.get("target") == target]
+        winner = best(points, constraints, objective)
+        if winner is None:
+            continue
+        groups: dict[tuple, list[dict]] = {}
+        for r in points:
+            groups.setdefault((r.get("omp_num_threads"), str(r.get("input_size"))), []).append(r)
+        group_winners = [best(group, constraints, objective) for group in groups.values()]
+        for point in [winner] + [w for w in group_winners if w is not None and w is not winner]:
+            variant = (point.get("optimize"), point.get("precision"))
+            entry = _pick_bare(bare, point.get("batch_size"), point.get("omp_num_threads"), point.get("input_size"), *variant) or {}
+            beside = point.get("bare_forward_ips")  # measured right after the point: the fairer comparison
+            measured_ratio = point.get("ratio_bare")  # windows over bare slices around the point, with an interval
+            value = (
+                measured_ratio if measured_ratio is not None else ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips"))
+            )
+            rows.append(
+                {
+                    "target": target,
+                    "run_id": point["run_id"],
+                    "batch_size": point.get("batch_size"),
+                    "threads": entry.get("threads", point.get("omp_num_threads")),
+                    "served_rps": point.get("throughput_rps"),
+                    "bare_beside_rps": beside,
+                    "bare_end_rps": entry.get("throughput_ips"),
+                    "bare_end_min_rps": entry.get("throughput_min_ips"),
+                    "bare_end_max_rps": entry.get("throughput_max_ips"),
+                    # served faster than the bare network beyond the interval, or others busy on the machine: not a result
+                    "ratio_bare": None if point.get("suspect") or point.get("disturbed") else value,
+                    "disturbed": point.get("disturbed"),
+                    "ratio_bare_ci_low": point.get("ratio_bare_ci_low"),
+                    "ratio_bare_ci_high": point.get("ratio_bare_ci_high"),
+                    "suspect": point.get("suspect"),
+                }
+            )
+    return rows
+
+
+def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dict[str, Pipeline]) -> list[dict]:
+    """Each pipeline's best throughput against what its best members allow (shared or disjoint CPUs) and the
+    bare model. Members on the same CPUs split each second between them; on disjoint CPUs the slowest sets
+    the pace."""
+    rows = []
+    for name, pipeline in pipelines.items():
+        winner = winners.get(name)
+        member_rps = {m: (winners.get(m) or {}).get("throughput_rps") for m in pipeline.members}
+        if winner is None or not all(member_rps.values()):
+            continue
+        shared_bound_rps = 1 / sum(1 / rps for rps in member_rps.values())
+        disjoint_bound_rps = min(member_rps.values())
+        pipeline_rps = winner.get("throughput_rps")
+        # a ratio from a point other processes disturbed is not printed as a result
+        disturbed = any((winners.get(t) or {}).get("disturbed") for t in (name, *pipeline.members))
+        node = pipeline.weights_node
+        batch_size = winner.get(f"{node}_batch_size") or winner.get("batch_size")
+        input_size = winner.get(f"{node}_input_size") or winner.get("input_size")
+        variant = (winner.get(f"{node}_optimize") or winner.get("optimize"), winner.get(f"{node}_precision") or winner.get("precision"))
+        entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads"), input_size, *variant) or {}
+        windows = [winner.get("measured_window_throughputs_rps") or []]
+        windows += [(winners.get(m) or {}).get("measured_window_throughputs_rps") or [] for m in pipeline.members]
+        shared_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) * sum(1 / np.median(m) for m in ms))
+        disjoint_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) / min(np.median(m) for m in ms))
+        rows.append(
+            {
+                "pipeline": name,
+                "pipeline_rps": pipeline_rps,
+                "members": ", ".join(f"{m} {rps:.1f}" for m, rps in member_rps.items()),
+                **{f"{m}_rps": rps for m, rps in member_rps.items()},
+                "shared_bound_rps": shared_bound_rps,
+                "disturbed": disturbed,
+                "ratio_shared": None if disturbed else ratio(pipeline_rps, shared_bound_rps),
+                # 95% bootstrap intervals of the ratio, from the measured windows of the pipeline and its members
+                "ratio_shared_ci_low": shared_ci[0] if shared_ci else None,
+                "ratio_shared_ci_high": shared_ci[1] if shared_ci else None,
+                "disjoint_bound_rps": disjoint_bound_rps,
+                "ratio_disjoint": None if disturbed else ratio(pipeline_rps, disjoint_bound_rps),
+                "ratio_disjoint_ci_low": disjoint_ci[0] if disjoint_ci else None,
+                "ratio_disjoint_ci_high": disjoint_ci[1] if disjoint_ci else None,
+                "bare_rps": entry.get("throughput_ips"),
+                "ratio_bare": None if disturbed else ratio(pipeline_rps, entry.get("throughput_ips")),
+                "bare_batch_size": entry.get("batch_size"),
+                "bare_threads": entry.get("threads"),
+            }
+        )
+    return rows
+
+
+def node_times(record: dict) -> dict[str, dict]:
+    """Per node of a point (a workflow node, or the model itself), from the server's own metrics: TorchServe's
+    time from the job's creation to its response (`node_ms`, the queue is inside it), the queue wait, the
+    handler's decode + predict + encode per request, and the node's workers' CPU."""
+    stages = record.get("server_stages") or {}
+    processes = record.get("server_processes") or {}
+    times = {}
+    for node, model in (record.get("server_models") or {}).items():
+        stage = stages.get(node, {})
+        cpu = [v.get("cpu_pct") for k, v in processes.items() if k.split("/")[0] == node and v.get("cpu_pct") is not None]
+        times[node] = {
+            "node_ms": model.get("inference_ms") or 0.0,
+            "queue_ms": model.get("queue_ms") or 0.0,
+            "handler_ms_per_request": sum(stage.get(k) or 0.0 for k in ("decode_ms", "predict_ms", "encode_ms")) or None,
+            "cpu_pct": sum(cpu) if cpu else None,
+        }
+    return times
+
+
+def time_breakdown(winners: dict[str, dict | None], pipelines: dict[str, Pipeline]) -> list[dict]:
+    """Where a request's time goes at each pipeline's best point (node_times per node); the rest of the
+    client's mean latency is the frontend's hops (HTTP, the workflow's per-request thread pool, bytes between
+    nodes)."""
+    rows = []
+    for name in pipelines:
+        winner = winners.get(name)
+        if winner is None or not winner.get("server_models"):
+            continue
+        accounted = 0.0
+        for node, times in node_times(winner).items():
+            accounted += times["node_ms"]
+            rows.append(
+                {
+                    "pipeline": name,
+                    "part": node,
+                    "node_ms": times["node_ms"],
+                    "of_which_queue_ms": times["queue_ms"],
+                    "handler_ms_per_request": times["handler_ms_per_request"],
+                    "cpu_pct": times["cpu_pct"],
+                }
+            )
+        latency = winner.get("latency_mean_ms")
+        rows.append(
+            {
+                "pipeline": name,
+                "part": "frontend hops + network (rest of mean latency)",
+                "node_ms": None if latency is None else latency - accounted,
+                "of_which_queue_ms": None,
+                "handler_ms_per_request": None,
+                "cpu_pct": ((winner.get("server_processes") or {}).get("frontend") or {}).get("cpu_pct"),
+            }
+        )
+    return rows

@@ -1,0 +1,220 @@
+"""report.md: the environment, the best configuration of each target, the analyses, every point sorted best
+first, flags, and links to the plots. Renders an Analysis; computes nothing of its own."""
+
+import json
+import statistics
+from pathlib import Path
+
+from segserve.bench.results.analysis import Analysis
+from segserve.bench.results.plots import plot_name
+from segserve.bench.results.render import cell, constraint_text, direction, header, render_table, sorted_best_first, status
+from segserve.bench.suite.columns import METRICS
+
+# the columns of the per-target tables; the full set is in summary.csv
+TABLE_METRICS = ["throughput_rps", "latency_p50_ms", "latency_p99_ms", "requests_failed", "server_queue_ms", "server_cpu_pct"]
+ACCURACY_METRICS = ["iou", "agreement", "load_s"]
+
+
+def exact(share: float | None) -> str | None:
+    """IoU and agreement to 4 decimals: the gate is 0.01, and 0.9997 is not 1."""
+    return None if share is None else f"{share:.4f}"
+
+
+def _time_outside(records: list[dict], targets: list[str]) -> str:
+    rows = []
+    for target in targets:
+        seconds = [
+            (r.get("reconfigure_s") or 0) + (r.get("warmup_s") or 0)
+            for r in records
+            if r.get("target") == target and (r.get("reconfigure_s") is not None or r.get("warmup_s") is not None)
+        ]
+        if seconds:
+            summary = {"min_s": min(seconds), "median_s": statistics.median(seconds), "max_s": max(seconds), "total_s": sum(seconds)}
+            rows.append({"target": target, "points": len(seconds), **summary})
+    if not rows:
+        return "No reconfigure or warm-up times were recorded."
+    return render_table(rows, list(rows[0]))
+
+
+def _search_section(search: dict, analysis: Analysis) -> list[str]:
+    """How the points were chosen and what that cost; the Pareto front (two objectives); auto's predictions."""
+    if not search:
+        return []
+    lines = [
+        "",
+        "## Search",
+        "",
+        f"- Strategy **{search['strategy']}**, budget {search['budget']}: {search['measured']} point(s) measured of "
+        f"{search['candidates']} candidate(s); {search.get('pruned', 0)} stopped early as hopeless (pruned).",
+    ]
+    if "restarts" in search:
+        lines.append(
+            f"- It caused {search['restarts']} server start(s), {search['registrations']} registration(s) and {search['scales']} "
+            "live scale call(s)."
+        )
+    if "by_process" in search:
+        processes = ", ".join(f"`{who}` {count}" for who, count in sorted(search["by_process"].items()))
+        lines.append(
+            f"- Collected from {len(search['by_process'])} bench process(es): {processes}; {search['duplicates']} point(s) measured twice."
+        )
+    lines.append(f"- Infeasible points (a constraint broken, or failed): {analysis.infeasible}.")
+    lines += _table_section(
+        "### Pareto front", analysis.pareto, "No other point that meets the constraints is as good on both objectives and better on one."
+    )
+    lines += _table_section(
+        "### Predicted vs measured (auto)",
+        analysis.predictions,
+        "Predicted from the members alone (1 / Σ 1/member_rps at the values the point sets), before the point was measured.",
+    )
+    return lines
+
+
+def _table_section(heading: str, rows: list[dict], explanation: str) -> list[str]:
+    """Report lines for one computed table: heading, table, what it means; nothing when there are no rows."""
+    return ["", heading, "", render_table(rows), "", explanation] if rows else []
+
+
+def write_report(
+    out_dir: Path,
+    suite_name: str,
+    records: list[dict],
+    swept: list[str],
+    constraints: dict,
+    objective: str,
+    analysis: Analysis,
+    environment: dict,
+    search: dict | None = None,
+) -> Path:
+    """report.md with tables, flags and links to the PNG plots (plots/, written by the plots sink); returns its path."""
+    targets, winners = analysis.targets, analysis.winners
+    params = [p for p in dict.fromkeys(swept) if p != "target"]
+    env_rows = [{"key": k, "value": json.dumps(v) if isinstance(v, dict | list) else v} for k, v in environment.items()]
+    md = [
+        f"# Benchmark report: {suite_name}",
+        "",
+        "## Environment",
+        "",
+        render_table(env_rows, ["key", "value"]),
+        "",
+        f"**Objective:** {objective} ({METRICS[objective].unit}, {direction(objective)})  ",
+        f"**Constraints:** {constraint_text(constraints)}",
+        "",
+        "## Best configuration",
+        "",
+    ]
+    for target in targets:
+        winner = winners[target]
+        if winner is None:
+            md.append(f"- **{target}**: no point satisfied the constraints.")
+        else:
+            settings = ", ".join(f"{p}={cell(winner.get(p))}" for p in params)
+            metrics = ", ".join(f"{header(m)} {cell(winner.get(m))}" for m in ("throughput_rps", "latency_p99_ms"))
+            md.append(f"- **{target}**: `{winner.get('run_id')}` ({settings}): {metrics}")
+
+    md += _search_section(search or {}, analysis)
+    md += _table_section(
+        "## Load phases",
+        analysis.phases,
+        "Every point under the suite's load phases, one after the other: each phase's req/s (all its successful "
+        "requests over its duration) and p99, then the whole run. Autoscaled points: the moves it made in each phase, "
+        "the seconds from a phase's start to its first move, and its own CPU (% of one core).",
+    )
+    md += _table_section(
+        "### The autoscaler against the static splits",
+        analysis.autoscaler_vs_static,
+        "Per phase and over the whole run: the best static split in that phase, the autoscaled point's rate and autoscaler ÷ best static.",
+    )
+    md += _table_section(
+        "## Served model vs bare model",
+        analysis.served_vs_bare,
+        "The best `seg` point (first row), then the best batch size for each other thread count, against the network's "
+        "in-process forward throughput at the same batch size, thread count and input size: `bare_beside_rps` measured right "
+        "after the point (the ratio uses it), `bare_end_rps` at the end of the suite (`bare.json`: median of interleaved "
+        "slices, with their range). What TorchServe, decoding and batching cost on top of the compute.",
+    )
+    md += _table_section(
+        "## Pipeline efficiency",
+        analysis.efficiency,
+        "Each rate is the best point of its target under the constraints; `members` are the DAG's node models, each "
+        "measured alone. The *shared* bound assumes the members run on the same CPUs, so every request costs the sum of "
+        "their 1/rps seconds of the machine: 1/(Σ 1/member_rps). The *disjoint* bound assumes each member has its own "
+        "resources, so the slowest sets the pace: min(member_rps). A ratio near 1 means the pipeline loses little to the "
+        "serving glue between its steps; ratio_bare compares it with the bare model's in-process forward throughput at "
+        "the same batch size and threads, the compute limit.",
+    )
+    md += _table_section(
+        "### Where a pipeline request's time goes (best point of each pipeline)",
+        analysis.breakdown,
+        "node_ms is TorchServe's own per-request mean (Prometheus `ts_inference_latency_microseconds`, per node): from "
+        "the job's creation in the frontend to its response, so it holds the queue wait (`of_which_queue_ms`), the "
+        "batch's wait for its slowest member and the worker round trip. handler_ms_per_request is the handler's decode + "
+        "predict + encode time divided by the requests it served. The last row of each pipeline is the client's mean "
+        "latency minus the nodes' time: the frontend's hops (HTTP, and for a workflow its per-request thread pool and "
+        "the bytes between nodes) and the loopback network; a few ms below zero means none (the server's means also "
+        "cover the warm-up). cpu_pct: that process's CPU use (% of one core).",
+    )
+
+    for target in targets:
+        group = [r for r in records if r.get("target") == target]
+        measured, failed = [r for r in group if not r.get("error")], [r for r in group if r.get("error")]
+        # optimised points: accuracy and load time beside the throughput
+        metrics = TABLE_METRICS + [m for m in ACCURACY_METRICS if any(r.get(m) is not None for r in measured)]
+        columns = ["status", "run_id", *params, *(header(m) for m in metrics)]
+        plot = plot_name("throughput_vs_p99", target)
+        table = [
+            {
+                "status": status(r, winners[target], constraints),
+                **{p: r.get(p) for p in ["run_id", *params]},
+                **{header(m): exact(r.get(m)) if m in ("iou", "agreement") else r.get(m) for m in metrics},
+            }
+            for r in sorted_best_first(measured, objective)
+        ]
+        md += [
+            "",
+            f"## {target}",
+            "",
+            f"Sorted best first by {objective}.",
+            "",
+            render_table(table, columns),
+            "",
+            f"![{target}: throughput vs p99](plots/{plot})",
+        ]
+        if failed:
+            md += ["", "Failed points:", "", *(f"- `{r.get('run_id')}`: {cell(r['error'])}" for r in failed)]
+        inaccurate = [r for r in measured if r.get("valid") is False]
+        if inaccurate:
+            md += [
+                "",
+                "Invalid points (accuracy gate):",
+                "",
+                *(f"- `{r.get('run_id')}`: {cell(r.get('invalid_reason'))}" for r in inaccurate),
+            ]
+
+    if params:
+        md += ["", "## Throughput by parameter", ""]
+    for param in params:
+        plot = plot_name("throughput_by", param)
+        md += [f"![throughput by {param}](plots/{plot})", ""]
+
+    unstable = [f"`{r.get('run_id')}`" for r in records if r.get("stable") is False]
+    disturbed = [
+        f"`{r.get('run_id')}` (others took {cell(r.get('others_cpu_pct'))}% of the machine)" for r in records if r.get("disturbed")
+    ]
+    saturated = [f"`{r.get('run_id')}`" for r in records if r.get("client_saturated") is True]
+    md += [
+        "",
+        "## Flags",
+        "",
+        f"- Measurement not stable: {', '.join(unstable) or 'none'}",
+        "- Disturbed (other processes took more than the suite's `max_others_share` of the CPU in too many windows; "
+        f"their numbers are not the server's alone): {', '.join(disturbed) or 'none'}",
+        f"- Load generator saturated (its numbers understate the server): {', '.join(saturated) or 'none'}",
+        "",
+        "## Time outside measurement (reconfigure_s + warmup_s)",
+        "",
+        _time_outside(records, targets),
+        "",
+    ]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(md))
+    return path

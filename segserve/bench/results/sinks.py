@@ -1,0 +1,151 @@
+"""Where a run's records go: each output is one writer, fed the same records as they are measured (`add`) and
+the finished run once (`finish`). A new output (an exporter) is a new class here; the runner does not change.
+"""
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from segserve.bench.results.analysis import Analysis
+from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
+from segserve.bench.results.render import terminal_summary
+from segserve.bench.results.report import write_report
+from segserve.bench.results.store import write_summary
+from segserve.bench.suite.spec import Suite
+from segserve.archives.catalog import Catalog
+from segserve.serving.ts_config import render_config
+
+
+@dataclass
+class FinishedRun:
+    out_dir: Path
+    suite: Suite
+    records: list[dict]
+    swept: list[str]
+    bare: list[dict]
+    analysis: Analysis
+    environment: dict
+    search: dict = field(default_factory=dict)  # strategy, budget, candidates, measured; restarts, registrations, scales
+
+    @property
+    def constraints(self) -> dict:
+        return {k: v.model_dump(exclude_none=True) for k, v in self.suite.constraints.items()}
+
+
+class Sink:
+    def add(self, record: dict) -> None:
+        pass
+
+    def finish(self, run: FinishedRun) -> None:
+        pass
+
+
+class RunsFolder(Sink):
+    """runs/<run_id>.json as soon as a point is measured (what --resume keeps), and bare.json."""
+
+    def __init__(self, out_dir: Path):
+        self.runs_dir = out_dir / "runs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+
+    def add(self, record: dict) -> None:
+        (self.runs_dir / f"{record['run_id']}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+    def finish(self, run: FinishedRun) -> None:
+        (run.out_dir / "bare.json").write_text(json.dumps(run.bare, indent=2) + "\n")
+
+
+class Summary(Sink):
+    def finish(self, run: FinishedRun) -> None:
+        write_summary(run.out_dir, run.records, run.swept)
+
+
+class Report(Sink):
+    def finish(self, run: FinishedRun) -> None:
+        constraints, suite = run.constraints, run.suite
+        write_report(
+            run.out_dir, suite.name, run.records, run.swept, constraints, suite.objective, run.analysis, run.environment, run.search
+        )
+
+
+class Plots(Sink):
+    """plots/: throughput vs p99 per target, best throughput by each swept parameter (the report links them)."""
+
+    def finish(self, run: FinishedRun) -> None:
+        plots_dir = run.out_dir / "plots"
+        plots_dir.mkdir(parents=True, exist_ok=True)
+        records, targets = run.records, run.analysis.targets
+        for target in targets:
+            measured = [r for r in records if r.get("target") == target and not r.get("error")]
+            plot_pareto(plots_dir / plot_name("throughput_vs_p99", target), target, measured, run.analysis.winners[target])
+        for param in (p for p in run.swept if p != "target"):
+            plot_by_param(plots_dir / plot_name("throughput_by", param), param, records, targets)
+
+
+class Best(Sink):
+    """best/config.properties and best/<dag>.yaml from the best workflow or fused point (else any target's)."""
+
+    def __init__(self, catalog: Catalog):
+        self.catalog = catalog
+
+    def finish(self, run: FinishedRun) -> None:
+        winners = run.analysis.winners
+        kinds = {name: self.catalog.targets[name].kind if name in self.catalog.targets else "http" for name in winners}
+        order = sorted(winners, key=lambda name: ("workflow", "fused", "model", "http").index(kinds[name]))
+        chosen = next((winners[name] for name in order if winners[name] and kinds[name] != "http"), None)
+        if chosen is None:
+            return
+        best_dir = run.out_dir / "best"
+        best_dir.mkdir(exist_ok=True)
+        overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
+        render_config(self.catalog.root / "config.properties", best_dir / "config.properties", overrides)
+        note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s)."
+        if chosen.get("omp_num_threads"):
+            note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
+        text = (best_dir / "config.properties").read_text()
+        (best_dir / "config.properties").write_text(note + "\n" + text)
+        target = self.catalog.targets[chosen["target"]]
+        if target.dag is None:
+            return
+        dag = self.catalog.dags[target.dag]
+        spec = yaml.safe_load(dag.spec_path.read_text())
+        spec["models"]["batch-size"] = chosen["batch_size"]
+        spec["models"]["max-batch-delay"] = chosen["max_batch_delay_ms"]
+        for node in dag.nodes:
+            workers = chosen.get(f"{node}_workers") or chosen["workers"]
+            entry = spec["models"][node]
+            entry.update({"min-workers": workers, "max-workers": workers})
+            for key, param in (("batch-size", "batch_size"), ("max-batch-delay", "max_batch_delay_ms")):
+                if chosen.get(f"{node}_{param}") is not None:
+                    entry[key] = chosen[f"{node}_{param}"]
+        header = f"# From {chosen['run_id']} ({chosen['target']}).\n"
+        (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
+
+
+class Terminal(Sink):
+    def __init__(self, log=print):
+        self.log = log
+
+    def finish(self, run: FinishedRun) -> None:
+        self.log(terminal_summary(run.records, run.swept, run.analysis))
+        self.log(f"results: {run.out_dir}  (report: {run.out_dir / 'report.md'})")
+
+
+class Export(Sink):
+    """The finished result folder to each --export destination (checked before the suite started). A failure
+    leaves the local results complete and says which command finishes the export."""
+
+    def __init__(self, targets: list, log=print):
+        self.targets, self.log = targets, log
+
+    def finish(self, run: FinishedRun) -> None:
+        for target in self.targets:
+            started = time.monotonic()
+            try:
+                self.log(f"export {target.dest}: {target.export(run.out_dir)} ({time.monotonic() - started:.1f} s)")
+            except Exception as error:  # the local results are written: say how to finish, do not lose them
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                self.log(f"export {target.dest} failed ({reason}); the results are complete in {run.out_dir}; finish with:")
+                self.log(f"  segserve export {run.out_dir} {target.dest}")

@@ -1,0 +1,48 @@
+"""Result folders on disk: summary.csv / summary.jsonl (one row per point) and the per-point run JSONs.
+
+The one reader of results: the report, `bench compare`, `pin --plan-from` and the sinks go through it.
+"""
+
+import csv
+import json
+from pathlib import Path
+
+from segserve.bench.suite.columns import BASE_COLUMNS, EXTRA_COLUMNS
+
+# In summary.jsonl besides the columns: what `bench compare` needs to tell points measured differently apart.
+IDENTITY_KEYS = ("point_key", "setup")
+
+
+def summary_columns(swept: list[str]) -> list[str]:
+    fixed = BASE_COLUMNS + EXTRA_COLUMNS
+    return BASE_COLUMNS + [p for p in dict.fromkeys(swept) if p not in fixed] + EXTRA_COLUMNS
+
+
+def write_summary(out_dir: Path, records: list[dict], swept: list[str]) -> None:
+    """summary.csv (fixed columns, one row per record, None → empty cell) and summary.jsonl (same keys, and
+    the point's identity: point_key and setup)."""
+    columns = summary_columns(swept)
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, restval="", extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(records)  # the csv module writes None as an empty cell
+    with open(out_dir / "summary.jsonl", "w") as f:
+        for record in records:
+            row = {c: record.get(c) for c in [*columns, *IDENTITY_KEYS]}
+            # numpy scalars may slip into records; a crash here would lose a finished benchmark
+            f.write(json.dumps(row, default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n")
+
+
+def read_summary(result_dir: Path) -> list[dict]:
+    """The rows of a results folder's summary.jsonl (or of that file, given itself)."""
+    path = Path(result_dir) if Path(result_dir).is_file() else Path(result_dir) / "summary.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no summary.jsonl here; pass a results folder written by `segserve bench` (results/<suite>/<timestamp>/)"
+        )
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def read_runs(out_dir: Path) -> dict[str, dict]:
+    """The run JSONs of a results folder by run id (what --resume keeps)."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted((Path(out_dir) / "runs").glob("*.json"))}

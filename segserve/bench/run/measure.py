@@ -1,0 +1,343 @@
+"""Measure one deployed point: load in windows until the throughput settles, the server's own counters
+and its processes' CPU around it; and the bare model's forward throughput, the compute limit.
+
+Reads nothing of the catalog or the suite's targets: an Endpoint says where to send and what to ask, so an
+endpoint segserve did not deploy (no metrics URL) is measured by the same code.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from segserve import ROOT
+from segserve.bench.results.stats import latency_summary, mean_interval, spread, stable_tail
+from segserve.bench.run.disturbance import DisturbanceSampler
+from segserve.bench.run.load import LoadSpec, run_load
+from segserve.bench.suite.spec import LoadSettings
+from segserve.serving.metrics import ProcessSampler, handler_stages, per_request_ms, scrape
+
+CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a deployed point answers, and what to ask about it."""
+
+    url: str  # base URL, loopback
+    path: str
+    token: str | None
+    headers: dict
+    metrics_url: str | None  # None: not ours (an http target): no server columns
+    models: tuple[str, ...]  # TorchServe models whose counters describe it
+
+
+def measure(
+    endpoint: Endpoint,
+    load: LoadSettings,
+    params: dict,
+    bodies: list[bytes],
+    process_groups: dict | None,
+    fresh_workers: bool = False,
+    prune=None,
+) -> dict:
+    """The metrics of one point: throughput and latency from the stable windows, server columns where it is ours.
+    fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more).
+    prune(window rates so far) → True: the point is hopeless (a search's pruner): stop measuring it, `pruned`."""
+    spec = _load_spec(endpoint, load, bodies, params.get("concurrency", load.max_connections), params.get("request_rate_rps"))
+    window_s, warmup_s = load.window_s, load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
+    ours = endpoint.metrics_url is not None
+    # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
+    disturbance = DisturbanceSampler([pid for pids in process_groups.values() for pid in pids]) if process_groups else None
+
+    def edges(result) -> list[tuple[float, float]]:
+        done = int((max(result.end_s, default=0.0) - warmup_s) // window_s)
+        return [(warmup_s + k * window_s, warmup_s + (k + 1) * window_s) for k in range(max(done, 0))]
+
+    def others_share(span: tuple[float, float]) -> float | None:
+        return disturbance.share(*span)[0] if disturbance else None
+
+    def clean(result) -> list[tuple[float, float]]:
+        """The windows others left alone (unknown: counted as clean)."""
+        return [span for span in edges(result) if (others_share(span) or 0.0) <= load.max_others_share]
+
+    def rates(result, spans) -> list[float]:
+        return [result.rate_rps(a, b) for a, b in spans]
+
+    pruned = False
+
+    def settled(result) -> bool:
+        nonlocal pruned
+        spans = clean(result)
+        so_far = rates(result, spans)
+        if prune is not None and so_far and prune(so_far):
+            pruned = True
+            return True
+        return stable_tail(so_far, load.stable_windows, load.stability_tolerance) or len(spans) >= load.max_windows
+
+    before = scrape(endpoint.metrics_url) if ours else {}
+    sampler = ProcessSampler(process_groups) if process_groups else None
+    for started in (sampler, disturbance):
+        if started:
+            started.start()
+    # disturbed windows are measured again: up to max_windows more
+    budget_windows = load.max_windows * (2 if disturbance else 1)
+    result = run_load(spec, warmup_s + budget_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
+    if disturbance:
+        disturbance.stop()
+    server_usage = sampler.stop() if sampler else {}
+    after = scrape(endpoint.metrics_url) if ours else {}
+    all_spans, clean_spans = edges(result), clean(result)
+    clean_rates = rates(result, clean_spans)
+    stable = stable_tail(clean_rates, load.stable_windows, load.stability_tolerance)
+    disturbed = len(clean_spans) < load.stable_windows and not pruned  # a pruned point stopped early on purpose
+    used = clean_spans[-load.stable_windows :] if stable else (all_spans if disturbed else clean_spans)
+    measured = result.windows(used)
+    ok_latencies = [lat for lat, ok in zip(measured.latency_ms, measured.ok, strict=True) if ok]
+    requests_ok = len(ok_latencies)
+    shares = [others_share(span) for span in all_spans]
+    steal = [disturbance.share(*span)[1] for span in all_spans] if disturbance else []
+    window_rates = rates(result, all_spans)
+    used_rates = rates(result, used)  # the windows the numbers come from
+    interval = mean_interval(used_rates)
+    return {
+        "duration_s": measured.wall_s,
+        "requests_ok": requests_ok,
+        "requests_failed": len(measured.status) - requests_ok,
+        "failures_by_status": {k: v for k, v in measured.status_counts().items() if not k.startswith("2")},
+        # the mean of the windows' rates (edges on completions: see LoadResult.rate_rps), as its interval is
+        "throughput_rps": sum(used_rates) / len(used_rates) if used_rates else 0.0,
+        # 95% interval of the mean over the measured windows
+        "throughput_ci_low_rps": interval[0] if interval else None,
+        "throughput_ci_high_rps": interval[1] if interval else None,
+        **latency_summary(ok_latencies),
+        **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
+        **_client_columns(result),
+        "stable": stable,
+        "pruned": pruned,
+        "windows": len(window_rates),
+        "window_throughputs_rps": window_rates,
+        "window_spread": spread(used_rates) if used_rates else None,
+        "measured_window_throughputs_rps": used_rates,
+        # others' share of the machine per window (% of all cores), and what was done about it
+        "window_others_cpu_pct": [None if v is None else round(100 * v, 1) for v in shares],
+        "others_cpu_pct": max((100 * v for v, span in zip(shares, all_spans, strict=True) if v is not None and span in used), default=None),
+        "steal_pct": max((100 * v for v in steal if v is not None), default=None),
+        "windows_discarded": len(all_spans) - len(clean_spans),
+        "disturbed": disturbed if disturbance else None,
+        "warmup_s": warmup_s,
+        **server_usage,
+    }
+
+
+def measure_phases(
+    endpoint: Endpoint,
+    load: LoadSettings,
+    params: dict,
+    bodies_by_phase: dict[str, list[bytes]],
+    process_groups: dict | None,
+    fresh_workers: bool = False,
+) -> dict:
+    """The metrics of one point under a time-varying load (load.phases, one after the other): per phase and over
+    the whole run, every request of a phase counted (a phase is measured as it comes, with whatever the server
+    does in it: no stability windows). Each phase's `started_epoch_s` lets a reaction be timed against it."""
+    from segserve.bench.run.load import LoadResult
+
+    def spec(phase) -> LoadSpec:
+        rate = phase.request_rate_rps if phase.concurrency is None else None
+        if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
+            rate = params.get("request_rate_rps")
+        concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
+        return _load_spec(endpoint, load, bodies_by_phase[phase.name], concurrency, rate)
+
+    ours = endpoint.metrics_url is not None
+    warmup_s = load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
+    if warmup_s > 0:
+        run_load(spec(load.phases[0]), warmup_s)
+    before = scrape(endpoint.metrics_url) if ours else {}
+    sampler = ProcessSampler(process_groups) if process_groups else None
+    if sampler:
+        sampler.start()
+    phases, everything = [], LoadResult()
+    for phase in load.phases:
+        started_epoch_s = time.time()
+        result = run_load(spec(phase), phase.duration_s)
+        ok = [lat for lat, good in zip(result.latency_ms, result.ok, strict=True) if good]
+        windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
+        phases.append(
+            {
+                "phase": phase.name,
+                "started_epoch_s": started_epoch_s,
+                "duration_s": result.wall_s,
+                "requests_ok": len(ok),
+                "requests_failed": len(result.status) - len(ok),
+                "failures_by_status": {k: v for k, v in result.status_counts().items() if not k.startswith("2")},
+                "throughput_rps": len(ok) / result.wall_s if result.wall_s else 0.0,
+                **latency_summary(ok),
+                # completions per load.window_s through the phase: how the rate moved in it (a move shows here)
+                "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
+            }
+        )
+        everything.latency_ms += result.latency_ms
+        everything.status += result.status
+        everything.wall_s += result.wall_s
+        everything.client_cpu_s += result.client_cpu_s
+    server_usage = sampler.stop() if sampler else {}
+    after = scrape(endpoint.metrics_url) if ours else {}
+    ok_latencies = [lat for lat, good in zip(everything.latency_ms, everything.ok, strict=True) if good]
+    requests_ok = len(ok_latencies)
+    return {
+        "duration_s": everything.wall_s,
+        "requests_ok": requests_ok,
+        "requests_failed": len(everything.status) - requests_ok,
+        "failures_by_status": {k: v for k, v in everything.status_counts().items() if not k.startswith("2")},
+        "throughput_rps": requests_ok / everything.wall_s if everything.wall_s else 0.0,
+        **latency_summary(ok_latencies),  # every phase's
+        "phases": phases,
+        **(_server_columns(endpoint, before, after, len(everything.status)) if ours else {}),
+        **_client_columns(everything),
+        "stable": None,  # phases are measured as they come, not until they settle
+        "pruned": False,
+        "windows": len(phases),
+        "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],
+        "warmup_s": warmup_s,
+        **server_usage,
+    }
+
+
+def _load_spec(endpoint: Endpoint, load: LoadSettings, bodies: list[bytes], concurrency: int, rate_rps: float | None) -> LoadSpec:
+    return LoadSpec(
+        url=endpoint.url,
+        path=endpoint.path,
+        bodies=bodies,
+        token=endpoint.token,
+        headers=endpoint.headers,
+        concurrency=concurrency,
+        request_rate_rps=rate_rps,
+        arrival=load.arrival,
+        timeout_s=load.timeout_s,
+    )
+
+
+def _server_columns(endpoint: Endpoint, before: dict, after: dict, requests: int) -> dict:
+    """TorchServe's per-request means and the handlers' stages between two scrapes (an endpoint of ours)."""
+    models = list(endpoint.models)
+    return {**per_request_ms(before, after, models, requests), **stage_columns(handler_stages(before, after, models))}
+
+
+def _client_columns(result) -> dict:
+    """The load generator's own CPU over a run: whether it, not the server, may have been the limit."""
+    client_cpu_pct = 100 * result.client_cpu_s / result.wall_s if result.wall_s else None
+    return {
+        "client_cpu_pct": client_cpu_pct,
+        "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
+        "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
+    }
+
+
+def _starts(duration_s: float, window_s: float) -> list[float]:
+    return [k * window_s for k in range(max(int(duration_s // window_s), 1))]
+
+
+def stage_columns(stages: dict[str, dict[str, float]]) -> dict:
+    """Per-node stage times and bytes (nested, in the run JSON) and the bytes columns of the summary."""
+    first = next(iter(stages.values()), {})
+    return {
+        "server_stages": stages,
+        # What the first node hands on: to the next node in a workflow, to the client otherwise.
+        "bytes_out_per_request": first.get("response_bytes"),
+        "bytes_device_to_host_per_request": sum(s.get("device_to_host_bytes", 0.0) for s in stages.values()) if stages else None,
+    }
+
+
+def process_groups(server, models: tuple[str, ...]) -> dict[str, list[int]]:
+    """Server processes by role: the Java frontend, each worker ("<model>/<pid>"), the rest."""
+    groups: dict[str, list[int]] = {}
+    for model in models:
+        for worker in server.describe(model).get("workers", []):
+            if int(worker.get("pid") or -1) > 0:  # -1: a worker still starting
+                groups[f"{model}/{worker['pid']}"] = [int(worker["pid"])]
+    workers = {pid for pids in groups.values() for pid in pids}
+    for pid in server.process_ids():
+        if pid not in workers:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes() if Path(f"/proc/{pid}").exists() else b""
+            groups.setdefault("frontend" if b"java" in cmdline.split(b"\0")[0] else "other", []).append(pid)
+    return groups
+
+
+def bare_shape(record: dict, node: str) -> tuple[int, str]:
+    """(threads, "batch:height:width") of the weights-carrying node of a record, as segserve.model.bare takes it."""
+    threads = record.get("omp_num_threads") or len(os.sched_getaffinity(0))
+    height, width = record.get(f"{node}_input_size") or record.get("input_size") or (256, 448)
+    batch_size = record.get(f"{node}_batch_size") or record["batch_size"]
+    return threads, f"{batch_size}:{height}:{width}"
+
+
+def bare_command(weights: Path, threads: int, variant: dict | None = None, python: str | None = None) -> list[str]:
+    """`python -m segserve.model.bare` for a network variant ({optimize, precision, input_height, input_width,
+    backbone, program}), in the server's Python (a venv's for ipex) or this one."""
+    variant = variant or {}
+    command = [python or sys.executable, "-m", "segserve.model.bare", "--weights", str(weights), "--threads", str(threads)]
+    for key in ("optimize", "precision", "backbone", "program"):
+        if variant.get(key) is not None:
+            command += [f"--{key}", str(variant[key])]
+    if variant.get("input_height"):
+        command += ["--input-size", f"{variant['input_height']}:{variant['input_width']}"]
+    return command
+
+
+def _run_bare_command(command: list[str], threads: int, timeout_s: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    # the project root on the path: a venv of its own (.venv-ipex) has torch but not segserve installed
+    root = str(ROOT)
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": str(threads), "PYTHONPATH": path}
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s)
+
+
+def run_bare(
+    weights: Path,
+    threads: int,
+    shapes: list[str],
+    seconds: float = 6.0,
+    rounds: int = 3,
+    log=print,
+    variant: dict | None = None,
+    python: str | None = None,
+    env: dict | None = None,
+) -> list[dict]:
+    """The network's in-process forward throughput at these shapes, in a fresh process (segserve/model/bare.py)."""
+    command = bare_command(weights, threads, variant, python)
+    command += [arg for shape in shapes for arg in ("--shape", shape)] + ["--seconds", str(seconds), "--rounds", str(rounds)]
+    done = _run_bare_command(command, threads, 900, env)
+    if done.returncode != 0:
+        log(f"bare forward with {threads} threads failed: {done.stderr.strip()[-300:]}")
+        return []
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def run_accuracy(
+    weights: Path,
+    threads: int,
+    variant: dict,
+    python: str | None = None,
+    images: int = 32,
+    shapes: tuple[str, ...] = (),
+    seconds: float = 6.0,
+    env: dict | None = None,
+) -> dict:
+    """{iou, iou_eager, agreement, images, load_s} of a network variant against eager fp32 (segserve/model/accuracy.py),
+    and with `shapes` its forward throughput at each ({"forward": [entries]}), in one process; raises
+    RuntimeFailure with the reason when the variant cannot be loaded or run."""
+    from segserve.errors import RuntimeFailure
+
+    command = [*bare_command(weights, threads, variant, python), "--accuracy", str(images), "--seconds", str(seconds)]
+    done = _run_bare_command(command + [arg for shape in shapes for arg in ("--shape", shape)], threads, 900, env)
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    scores = [line for line in lines if "accuracy" in line]
+    if done.returncode != 0 or not scores:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeFailure(f"the {variant.get('optimize') or 'eager'} network could not be run: {last[-300:]}")
+    return {**scores[0]["accuracy"], "load_s": scores[0]["load_s"], "forward": [line for line in lines if "accuracy" not in line]}

@@ -1,0 +1,388 @@
+"""A whole suite run: the result folder, the points and their setup, the loop, the bare-model measurement,
+and the sinks that write what was measured."""
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+from collections import Counter
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+
+from segserve.archives.catalog import Catalog
+from segserve.bench.results.analysis import Pipeline, analyse
+from segserve.bench.results.sinks import Best, Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
+from segserve.bench.results.store import read_runs
+from segserve.bench.run.deploy import Deployment
+from segserve.bench.run.inputs import class_maps, request_bodies
+from segserve.bench.run.runner import Runner, bare_throughputs
+from segserve.bench.search import study
+from segserve.bench.search.strategies import budget_points, candidates, make_strategy
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.spec import Suite
+from segserve.errors import RuntimeFailure, UsageError
+
+
+def environment(root: Path) -> dict:
+    from importlib.metadata import version
+
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"
+    )
+    sha = _output(["git", "-C", str(root), "rev-parse", "--short", "HEAD"]).strip()
+    dirty = _output(["git", "-C", str(root), "status", "--porcelain"]).strip()
+    java = _output(["java", "-version"], stderr=True).splitlines()
+    bundled = root / "BUNDLE_COMMIT"  # a GPU bundle's project has no .git: the commit it was built from
+    git_sha = (sha or "?") + ("-dirty" if dirty else "") if sha or not bundled.exists() else bundled.read_text().strip()
+    return {
+        "cpu_model": cpu,
+        "cpu_cores": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "torchvision": version("torchvision"),
+        "torchserve": version("torchserve"),
+        "java": java[0] if java else "?",
+        "git_sha": git_sha,
+    }
+
+
+def _output(command: list[str], stderr: bool = False) -> str:
+    """What a command printed, or "" where it is not installed (a bare GPU machine has no git)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except OSError:
+        return ""
+    return done.stderr if stderr else done.stdout
+
+
+def _digest(*parts) -> str:
+    sha = hashlib.sha1()
+    for part in parts:
+        sha.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+    return sha.hexdigest()[:8]
+
+
+class Setup:
+    """Request bodies per target and what, besides a point's parameters, changes its measurement: the load
+    settings, the inputs, the archive recipe (node configs, DAG spec, weights) and the server config."""
+
+    def __init__(self, suite: Suite, catalog: Catalog, weights: Path):
+        self.suite, self.catalog, self.weights = suite, catalog, weights
+
+    @cache  # noqa: B019 (one Setup per run)
+    def images(self, phase: str | None = None) -> tuple[bytes, ...]:
+        """The suite's inputs, or a load phase's (its own, else the suite's)."""
+        given = next((p.inputs for p in self.suite.load.phases or [] if p.name == phase), None)
+        return tuple(request_bodies(given or self.suite.inputs))
+
+    @cache  # noqa: B019
+    def bodies_for(self, name: str, phase: str | None = None) -> list[bytes]:
+        target = self.catalog.targets.get(name)
+        if target is None or target.takes == "image":
+            return list(self.images(phase))
+        # class maps: what the model that turns images into class maps answers for the images
+        return class_maps(list(self.images(phase)), self.weights, self.producer(target.takes).config)
+
+    def all_images(self) -> tuple[bytes, ...]:
+        """Every body the suite sends, its phases' too (what its measurements depend on)."""
+        return self.images() + tuple(body for phase in self.suite.load.phases or [] for body in self.images(phase.name))
+
+    def producer(self, kind: str):
+        """The node model that turns images into this kind of body (seg: class maps)."""
+        return next(m for m in self.catalog.models.values() if m.takes == "image" and m.gives == kind)
+
+    @cache  # noqa: B019 (read once per run, not once per target)
+    def weights_digest(self) -> str:
+        return _digest(self.weights.read_bytes()) if self.weights.exists() else ""  # --dry-run may come before training
+
+    def parts(self, name: str) -> dict[str, str]:
+        """Digests of what changes a target's measurement besides its parameters. The code (handlers/, segserve/)
+        is left out on purpose: `bench compare` compares two versions of it; records keep the git sha."""
+        root, suite = self.catalog.root, self.suite
+        parts = {"load": _digest(suite.load.model_dump(exclude_none=True)), "inputs": _digest(*self.all_images())}
+        http = suite.http_targets.get(name)
+        if http is not None:
+            return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
+        target = self.catalog.targets[name]
+        if target.takes != "image":  # its inputs are what the producer model makes of the images
+            producer = self.producer(target.takes)
+            parts["inputs"] = _digest(*self.all_images(), producer.config.read_bytes(), self.weights_digest())
+        files = {node.model.config for node in target.nodes}
+        if target.dag:
+            dag = self.catalog.dags[target.dag]
+            files |= {dag.spec_path, dag.fused_config}
+        recipe = [path.read_bytes() for path in sorted(files) if path.exists()]
+        if any(node.model.weights for node in target.nodes):
+            recipe.append(self.weights_digest())
+        server = [path.read_bytes() for path in (root / "config.properties", Path(suite.core_plan or "")) if path.is_file()]
+        return {**parts, "recipe": _digest(*recipe), "server": _digest(*server)}
+
+    def digests(self) -> dict[str, str]:
+        return {name: _digest(self.parts(name)) for name in self.suite.target_names}
+
+
+def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
+    result = {}
+    for name in names:
+        target = catalog.targets.get(name)
+        if target is not None and target.kind != "model":
+            weights_node = next((n.name for n in target.nodes if n.model.weights), None)
+            result[name] = Pipeline(target.members, weights_node)
+    return result
+
+
+def members_of(suite: Suite, catalog: Catalog) -> dict[str, dict[str, str]]:
+    """Pipeline target → {node: its model}, for the pipelines of the suite whose every node's model the suite
+    also serves alone (what the auto search predicts them from)."""
+    listed = set(suite.target_names)
+    members = {}
+    for name in suite.target_names:
+        target = catalog.targets.get(name)
+        if target is None or target.kind == "model":
+            continue
+        nodes = {node.name: node.model.name for node in target.nodes}
+        if set(nodes.values()) <= listed:
+            members[name] = nodes
+    return members
+
+
+def strategy_for(suite: Suite, catalog: Catalog, points: list[planning.Point], storage=None):
+    """The suite's search strategy; `storage`: the Optuna storage an optuna search keeps its study in."""
+    search = suite.search
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    return make_strategy(
+        search.strategy,
+        points,
+        search.budget,
+        members_of(suite, catalog),
+        search.seed,
+        suite.objectives,
+        constraints,
+        search.sampler,
+        storage,
+        suite.name,
+        search.batch,
+    )
+
+
+def search_budget(suite: Suite, catalog: Catalog, points: list[planning.Point]) -> tuple[int, str]:
+    """(the number of candidate points, what the budget allows in words); refuses a budget larger than the space."""
+    search = suite.search
+    space = candidates(points, members_of(suite, catalog))
+    limit = budget_points(search.budget, len(space))
+    if search.budget is None:
+        return len(space), "none (the grid)"
+    return len(space), f"{search.budget.minutes:g} minutes" if limit is None else f"{limit} points ({limit / len(space):.0%})"
+
+
+def describe_search(suite: Suite, catalog: Catalog, points: list[planning.Point]) -> str:
+    """The --dry-run line on the search: the space's size and what the budget allows."""
+    search = suite.search
+    space, allowed = search_budget(suite, catalog, points)
+    if search.budget is None:
+        return f"search: {search.strategy}, no budget: every one of the {len(points)} points"
+    probes = sorted({m for nodes in members_of(suite, catalog).values() for m in nodes.values()})
+    aside = f" ({', '.join(probes)} alone: measured only by auto, to predict the pipelines)" if probes else ""
+    return f"search: {search.strategy} (seed {search.seed}) over {space} candidate points{aside}; budget {allowed}"
+
+
+def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.Point]:
+    """The points with the run ids a run will give them (--dry-run)."""
+    return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
+
+
+def check_storage(suite: Suite, storage_url: str | None) -> None:
+    if storage_url is not None and suite.search.strategy != "optuna":
+        raise UsageError(f"--storage: only an optuna search keeps its trials in a study (this suite's search is {suite.search.strategy})")
+
+
+def run_suite(
+    suite_path: Path,
+    suite: Suite,
+    catalog: Catalog,
+    results_root: Path,
+    weights: Path,
+    resume: Path | None,
+    log=print,
+    storage_url: str | None = None,
+    port_base: int | None = None,
+    heartbeat_s: int = study.HEARTBEAT_S,
+    exports: list | None = None,
+) -> Path:
+    """Measure what the strategy proposes (skipping points already measured the same way with --resume) and
+    hand every record to the sinks; return the result folder (RuntimeFailure, exit 1, when every point failed:
+    the folder is written all the same). An optuna search keeps its study in storage_url
+    (default: study.log in the result folder), which other bench processes may share."""
+    if not weights.exists():
+        raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
+    check_storage(suite, storage_url)
+    storage = study.open_storage(storage_url, None, heartbeat_s) if storage_url else None  # refused before anything starts
+    if resume is not None:
+        if not (resume / "runs").is_dir():
+            raise UsageError(f"--resume {resume}: not a result folder (no runs/ inside)")
+        out_dir = resume
+    else:
+        out_dir = results_root / suite.name / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(suite_path, out_dir / "suite.yaml")
+    env_info = environment(catalog.root)
+    setup = Setup(suite, catalog, weights)
+    parts = {name: setup.parts(name) for name in suite.target_names}
+    points = planning.expand(suite, catalog, {name: _digest(p) for name, p in parts.items()})
+    own_study = suite.search.strategy == "optuna" and storage is None
+    if own_study:
+        storage = study.open_storage(None, out_dir)
+    strategy = strategy_for(suite, catalog, points, storage)
+    if own_study:
+        strategy.abandon_running()  # what a killed run of this folder left running (--resume)
+    elif storage is not None:
+        strategy.reseed(os.getpid())  # a shared study: other processes ask it too
+    if hasattr(strategy, "study"):
+        study.save_suite(strategy.study, suite_path)
+        log(f"study {strategy.study.study_name!r} in {study.display_url(storage_url or str(out_dir / study.STUDY_FILE))}")
+    done = read_runs(out_dir)
+    kept = [done[p.run_id] for p in points if p.run_id in done and not done[p.run_id].get("error")]
+    if done:
+        log(f"resuming: {len(kept)} of {len(points)} points already measured the same way")
+        older = sorted({r["environment"]["git_sha"] for r in kept} - {env_info["git_sha"]})
+        if older:
+            log(f"note: kept points were measured with code {', '.join(older)}; this is {env_info['git_sha']} (start anew to measure it)")
+    if suite.search.budget is None and suite.search.strategy == "grid":
+        log(planning.describe(suite, points).splitlines()[-1])
+    else:  # the grid's totals would mislead: say what the search may measure
+        log(describe_search(suite, catalog, points))
+    sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog), Terminal(log)]
+    if exports:
+        sinks.append(Export(exports, log))  # last: it sends the files the others wrote
+    deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
+    runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)
+    measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
+    records = runner.run(done, lambda point: {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by})
+    bare = bare_throughputs(records, weights, runner.weights_node, log)
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
+    space, allowed = search_budget(suite, catalog, points)
+    pruned = sum(1 for r in records if r.get("pruned"))
+    search = {
+        "strategy": suite.search.strategy,
+        "budget": allowed,
+        "candidates": space,
+        "measured": len(records),
+        "pruned": pruned,
+        **deployment.changes,
+    }
+    finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, search)
+    for sink in sinks:
+        sink.finish(finished)
+    if suite.profile == "best":
+        profile_best(suite, catalog, weights, records, points, setup, out_dir, port_base, log)
+    if records and all(r.get("error") for r in records):  # written down, but not a measurement: exit 1, not 0
+        raise RuntimeFailure(f"every point of this run failed (the first: {records[0]['error']}); results: {out_dir}")
+    return out_dir
+
+
+def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], points: list, setup, out_dir: Path, port_base, log) -> None:
+    """`profile: best`: the suite's best point served again and profiled under its own load (segserve/bench/run/profiler.py);
+    the profile's summary is appended to report.md."""
+    from segserve.bench.run.profiler import profile
+    from segserve.bench.suite.columns import best
+
+    ours = [r for r in records if r.get("target") in catalog.targets]
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    winner = best(ours, constraints, suite.objective)
+    if winner is None:
+        log("profile: best: no point satisfied the constraints: nothing to profile")
+        return
+    point = next(p for p in points if p.run_id == winner["run_id"])
+    log(f"profiling the best point {point.run_id} for {suite.profile_seconds:.0f}s …")
+    deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
+    try:
+        deployment.deploy(point)
+        server = deployment.server
+        connections = point.params.get("concurrency") or 8
+        summary = profile(
+            server,
+            catalog.targets[point.target],
+            server.run_dir,
+            suite.profile_seconds,
+            out_dir / "profile",
+            setup.bodies_for(point.target),
+            connections,
+            100,
+            log,
+        )
+    finally:
+        deployment.close()
+    folder = Path(summary["folder"])
+    text = (folder / "report.md").read_text().replace("# Profile of", "## Profile of the best point:", 1)
+    with open(out_dir / "report.md", "a") as report:
+        report.write(f"\n{text}\nFiles: `{folder.relative_to(out_dir)}/`\n")
+    log(f"profile of {point.run_id}: {folder}")
+
+
+def collect(name: str, storage_url: str | None, catalog: Catalog, results_root: Path, log=print) -> Path:
+    """`segserve bench collect STUDY`: one result folder (runs/, summary, report, best/) from every point the
+    study's processes measured. Without --storage, STUDY is a result folder (its study.log) or a journal file."""
+    import optuna
+
+    if storage_url is None:
+        path = Path(name)
+        journal = path / study.STUDY_FILE if path.is_dir() else path
+        if not journal.is_file():
+            raise UsageError(f"{name}: neither a result folder with a {study.STUDY_FILE} nor a study journal (or give --storage URL)")
+        storage = study.open_storage(str(journal), None)
+        names = optuna.get_all_study_names(storage)
+        if len(names) != 1:
+            raise UsageError(f"{journal}: holds {len(names)} studies ({', '.join(names)}): give --storage {journal} and the study's name")
+        name = names[0]
+    else:
+        storage = study.open_storage(storage_url, None)
+    try:
+        found = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        known = ", ".join(optuna.get_all_study_names(storage)) or "none"
+        raise UsageError(f"no study {name!r} in {study.display_url(storage_url or name)} (studies: {known})") from None
+    if "suite_yaml" not in found.user_attrs:
+        raise UsageError(f"study {name!r} was not written by segserve bench (it has no suite)")
+    records = study.study_records(found)
+    if not records:
+        raise UsageError(f"study {name!r} has no measured point yet")
+    out_dir = results_root / name / (datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-collected")
+    out_dir.mkdir(parents=True)
+    (out_dir / "suite.yaml").write_text(found.user_attrs["suite_yaml"])
+    from segserve.bench.suite.spec import load_suite
+
+    suite = load_suite(out_dir / "suite.yaml", catalog)
+    points = planning.expand(suite, catalog)
+    by_process = dict(Counter(record.get("measured_by", "?") for record in records))
+    measured = [t.user_attrs["record"]["run_id"] for t in found.get_trials(deepcopy=False) if "record" in t.user_attrs]
+    duplicates = len(measured) - len(set(measured))
+    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    analysis = analyse(records, constraints, suite.objective, [], pipelines(catalog, suite.target_names), suite.objectives)
+    space, allowed = search_budget(suite, catalog, points)
+    search = {
+        "strategy": suite.search.strategy,
+        "budget": allowed,
+        "candidates": space,
+        "measured": len(records),
+        "pruned": sum(1 for r in records if r.get("pruned")),
+        "by_process": by_process,
+        "duplicates": duplicates,
+    }
+    sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog)]
+    for record in records:
+        for sink in sinks:
+            sink.add(record)
+    environment_info = records[0].get("environment", {})
+    finished = FinishedRun(out_dir, suite, records, planning.swept(points), [], analysis, environment_info, search)
+    for sink in sinks:
+        sink.finish(finished)
+    processes = ", ".join(f"{who}: {count}" for who, count in sorted(by_process.items()))
+    log(
+        f"collected {len(records)} point(s) of study {name!r} from {len(by_process)} process(es) ({processes}); {duplicates} measured twice"
+    )
+    log(f"results: {out_dir}")
+    return out_dir

@@ -1,0 +1,5 @@
+import sys
+
+from segserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,248 @@
+"""The doc check: every command in a shell block of README.md and docs/*.md is either run here or named with
+the test that runs it, so no documented command is left broken or untested.
+
+    python -m segserve.docs.doccheck            # (in make test) the cheap ones: classify all, dry-run every suite,
+                                           # and run the serving walkthroughs against a real TorchServe
+    python -m segserve.docs.doccheck --list     # every command and how it is checked
+
+How a command is checked, first matching rule wins (RULES below):
+  walkthrough  the whole block is run as written, on free ports: `serve` gets --port-base and a run folder of
+               its own, the other segserve commands the same run folder, URLs the port
+  dry-run      `segserve bench SUITE …` runs as `segserve bench SUITE --dry-run` (the suite parses, plans and
+               validates; a long benchmark itself is not run in make test)
+  run          run as written (fast, no server)
+  test         a test runs it (the test must exist: its file and function are checked)
+  ci           what CI runs (`make test`), or a long target outside make test (named with the test of its code)
+  full         run as written by `--full` only (`make doc-check`): `make run`, on the default ports
+"""
+
+import argparse
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from segserve import ROOT
+
+BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
+SEGSERVE = ".venv/bin/segserve"
+
+
+@dataclass(frozen=True)
+class Command:
+    file: str
+    block: int  # index of the shell block in its file
+    text: str  # as a user copies it (continuation lines joined, comment dropped)
+
+
+def commands(root: Path = ROOT) -> list[Command]:
+    found = []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for index, match in enumerate(BLOCK.finditer(path.read_text())):
+            for line in match.group(1).replace("\\\n", " ").splitlines():
+                text = re.sub(r"\s+#\s.*$", "", line).strip()
+                if text and not text.startswith("#"):
+                    found.append(Command(str(path.relative_to(root)), index, re.sub(r"\s+", " ", text)))
+    return found
+
+
+# (pattern, how, detail): the first pattern that matches a command (re.search) says how it is checked
+RULES: list[tuple[str, str, str]] = [
+    (r"^make test$", "ci", "what .ci/run runs"),
+    (r"^make test-long$", "ci", "the tests marked long, outside make test: tests/test_optimize.py's variant sweeps"),
+    (r"^make run$", "full", "run by `make doc-check` (python -m segserve.docs.doccheck --full), not in make test (~4 min, default ports)"),
+    (r"^make build$", "walkthrough", "run as its recipe, segserve build"),
+    (
+        r"^make fuzz$",
+        "ci",
+        "a long run outside make test; its harness: tests/test_fuzz.py::test_a_bounded_fuzz_run_finds_no_crash_hang_or_bad_answer",
+    ),
+    (r"^make gpu-check$", "ci", "needs CUDA; its tests are marked gpu and skip here with the reason"),
+    (r"^make gpu-bundle$", "test", "tests/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step"),
+    (
+        r"^(PYTHON=\S+ )?gpu_bundle/run\.sh --dry-run$",
+        "test",
+        "tests/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step",
+    ),
+    (r"^gpu_bundle/run\.sh$", "ci", "needs CUDA (a lent device); its dry run: tests/test_gpu_bundle.py"),
+    (r"^wait$", "run", "the shell's"),
+    (r"segserve bench schema", "run", ""),
+    (r"segserve bench (benchmarks/\S+\.yaml)", "dry-run", ""),
+    (
+        r"segserve bench SUITE\.yaml --resume",
+        "test",
+        "tests/test_bench_run.py::test_resume_skips_finished_points_and_compare_finds_no_regression",
+    ),
+    (
+        r"segserve bench SUITE\.yaml --storage",
+        "test",
+        "tests/test_study_postgres.py::test_two_bench_processes_share_one_study_and_collect_writes_it",
+    ),
+    (r"segserve bench compare", "test", "tests/test_bench_run.py::test_resume_skips_finished_points_and_compare_finds_no_regression"),
+    (r"segserve bench ab", "test", "tests/test_ab.py::test_ab_measures_both_versions_in_turn_and_leaves_no_worktree"),
+    (r"segserve bench replay", "test", "tests/test_replay.py::test_replay_scores_every_strategy_against_the_grids_best"),
+    (r"segserve bench collect", "test", "tests/test_study_postgres.py::test_two_bench_processes_share_one_study_and_collect_writes_it"),
+    (r"segserve results query", "test", "tests/test_query.py::test_rows_of_every_run_filtered_and_sorted_with_their_suite_and_timestamp"),
+    (
+        r"segserve export .*s3://",
+        "test",
+        "tests/test_export.py::test_s3_gets_the_whole_folder_once_and_a_rerun_finishes_an_interrupted_upload",
+    ),
+    (r"segserve export .*cloudwatch://", "test", "tests/test_export.py::test_cloudwatch_gets_every_point_and_node_metric"),
+    (
+        r"segserve optimize",
+        "test",
+        "tests/test_optimize.py::test_segserve_optimize_measures_each_variant_against_eager_and_writes_the_best_valid_archive",
+    ),
+    (r"segserve profile", "test", "tests/test_profile.py::test_profile_samples_every_worker_of_a_workflow_and_traces_each_node"),
+    (
+        r"segserve serve --targets seg_jpeg --autoscale",
+        "test",
+        "tests/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it",
+    ),
+    (
+        r"segserve serve --targets seg_jpeg_fused --autoscale",
+        "test",
+        "tests/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it",
+    ),
+    (r"segserve serve --core-plan", "test", "tests/test_pinning.py::test_every_process_runs_on_the_cores_of_the_plan"),
+    (r"segserve pin --show", "test", "tests/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it"),
+    (r"segserve pin --plan-from", "test", "tests/test_pinning_rule.py::test_pin_plan_from_writes_a_plan_the_loader_accepts"),
+    (r"segserve scale", "test", "tests/test_pinning.py::test_scaling_a_node_up_and_down_keeps_slots_disjoint_and_frees_them"),
+    (r"segserve build --weights", "test", "tests/test_archives.py::test_each_mar_runs_with_only_the_archive_on_the_path"),
+    (r"segserve build$", "walkthrough", ""),
+    (r"segserve (serve|token|predict)|^TOKEN=|^curl ", "walkthrough", ""),
+]
+
+
+def rule_for(command: Command) -> tuple[str, str]:
+    for pattern, how, detail in RULES:
+        if re.search(pattern, command.text):
+            return how, detail
+    return "none", f"no rule: add one to RULES in segserve/docs/doccheck.py ({command.file})"
+
+
+def missing_tests(root: Path = ROOT) -> list[str]:
+    """Tests named by a rule that do not exist (a renamed test must not leave a command unchecked)."""
+    missing = []
+    for _, how, detail in RULES:
+        for named in re.findall(r"tests/\S+\.py::\w+", detail) if how in ("test", "ci") else []:
+            path, function = named.split("::")
+            if not (root / path).is_file() or f"def {function}(" not in (root / path).read_text():
+                missing.append(named)
+    return missing
+
+
+def _free_port_base() -> int:
+    """Five free loopback ports in a row (HTTP on N..N+2, gRPC on N+3, N+4), as segserve serve --port-base takes."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + 5 < 65535 and all(_free(base + i) for i in range(5)):
+            return base
+    raise RuntimeError("no five free loopback ports in a row")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def walkthrough_script(lines: list[str], run_dir: Path, port_base: int) -> str:
+    """A shell block made runnable here: the same commands, on this run folder and these ports."""
+    out = ["set -euo pipefail"]
+    if not any("segserve build" in line or line == "make build" for line in lines):
+        out.append(f"{SEGSERVE} build >/dev/null  # what make run did before this block")
+    for line in lines:
+        line = f"{SEGSERVE} build" if line == "make build" else line  # its recipe (make would also run setup)
+        line = line.replace("127.0.0.1:8080", f"127.0.0.1:{port_base}")
+        line = re.sub(r"(segserve serve)(?![\w-])(?! --stop)", rf"\1 --port-base {port_base}", line)
+        line = re.sub(r"(segserve (?:serve|token|predict|scale|pin))(?![\w-])", rf"\1 --run-dir {run_dir}", line)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def run_walkthrough(command_block: list[str], log) -> str | None:
+    """Run a walkthrough block; None when it passed, else what failed. A server it leaves is stopped."""
+    with tempfile.TemporaryDirectory(prefix="doccheck-") as scratch:
+        run_dir, port_base = Path(scratch) / "run", _free_port_base()
+        script = walkthrough_script(command_block, run_dir, port_base)
+        started = time.monotonic()
+        try:
+            done = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        finally:  # stop what it started, also when a step failed before its own `serve --stop`
+            subprocess.run([SEGSERVE, "serve", "--stop", "--run-dir", str(run_dir)], cwd=ROOT, capture_output=True, timeout=120)
+        log(f"  ran in {time.monotonic() - started:.0f}s")
+        if done.returncode != 0:
+            return f"exit {done.returncode}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}"
+    return None
+
+
+def check(run_servers: bool = True, full: bool = False, log=print) -> list[str]:
+    found = commands()
+    problems = [f"{c.file}: `{c.text}`: {detail}" for c in found for how, detail in [rule_for(c)] if how == "none"]
+    problems += [f"segserve/docs/doccheck.py names a test that does not exist: {name}" for name in missing_tests()]
+    suites = sorted({m.group(1) for c in found if (m := re.search(r"segserve bench (benchmarks/\S+\.yaml)", c.text))})
+    for suite in suites:
+        log(f"$ segserve bench {suite} --dry-run")
+        done = subprocess.run([SEGSERVE, "bench", suite, "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            problems.append(f"segserve bench {suite} --dry-run: {done.stderr.strip()[-300:]}")
+    log("$ segserve bench schema")
+    done = subprocess.run([SEGSERVE, "bench", "schema"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or '"title": "segserve benchmark suite"' not in done.stdout:
+        problems.append(f"segserve bench schema: exit {done.returncode}")
+    if run_servers:
+        blocks: dict[tuple[str, int], list[str]] = {}
+        for c in found:
+            if rule_for(c)[0] == "walkthrough" and c.text != "make run":
+                blocks.setdefault((c.file, c.block), []).append(c.text)
+        for (file, index), lines in blocks.items():
+            if not any("segserve serve" in line for line in lines):
+                continue  # its commands are run in a block that starts a server
+            log(f"walkthrough {file} block {index + 1}:")
+            for line in lines:
+                log(f"  $ {line}")
+            failure = run_walkthrough(lines, log)
+            if failure:
+                problems.append(f"{file}: shell block {index + 1}: {failure}")
+    for command in sorted({c.text for c in found if rule_for(c)[0] == "full"} if full else []):
+        log(f"$ {command}")
+        done = subprocess.run(shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            problems.append(f"{command}: exit {done.returncode}: {(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print every documented command and how it is checked")
+    parser.add_argument("--no-servers", action="store_true", help="skip the walkthroughs (no TorchServe)")
+    parser.add_argument("--full", action="store_true", help="also run `make run` as written (make doc-check)")
+    args = parser.parse_args(argv)
+    if args.list:
+        for command in commands():
+            how, detail = rule_for(command)
+            print(f"{command.file}: {command.text}\n    {how}{': ' + detail if detail else ''}")
+        return 0
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    problems = check(run_servers=not args.no_servers, full=args.full)
+    for problem in problems:
+        print(f"doc check: {problem}", file=sys.stderr)
+    print(f"doc check: {len(commands())} documented commands, {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

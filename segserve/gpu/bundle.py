@@ -1,0 +1,178 @@
+"""The GPU bundle: the GPU check for a bare CUDA machine that has Python and torch but no registry, no Java and
+none of our other packages (docs/gpu.md).
+
+    python -m segserve.gpu.bundle build [--out gpu_bundle]    what `make gpu-bundle` runs
+    python -m segserve.gpu.bundle summary WORK OUT            what gpu_bundle/run.sh ends with
+
+The bundle is a folder of two files: run.sh (segserve/gpu/run.sh) and payload.tar.xz, which holds
+  project/   the tracked files of this checkout and the trained weights,
+  wheels/    what the checks import that such a machine lacks, at the versions tested here (binary ones for
+             CPython 3.11–3.13 on x86-64 Linux),
+  jre/       a Java runtime for TorchServe's frontend, cut with jlink from this machine's JDK.
+It must stay under BUNDLE_LIMIT_BYTES: the device tool carries at most 64 MiB with the checkout.
+"""
+
+import argparse
+import base64
+import hashlib
+import importlib.metadata
+import io
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from segserve import ROOT
+from segserve.errors import UsageError
+
+BUNDLE_LIMIT_BYTES = 60 * 1024 * 1024
+PURE_WHEELS = (
+    "torchserve",
+    "torch-model-archiver",
+    "torch-workflow-archiver",
+    "enum-compat",
+    "pydantic",
+    "annotated-types",
+    "typing-inspection",
+    "typing-extensions",
+    "pytest",
+    "pluggy",
+    "iniconfig",
+    "pygments",  # pytest's own needs: the interpreter's versions may be older
+    "packaging",
+)
+BINARY_WHEELS = ("pydantic-core", "pyyaml", "psutil")
+PYTHON_VERSIONS = ("3.11", "3.12", "3.13")
+# pip matches manylinux tags exactly: the ones these packages publish for x86-64
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")
+# What TorchServe 0.12's frontend (netty, log4j, gson, grpc) loads; checked by the dry run, which serves with it.
+JRE_MODULES = (
+    "java.base,java.logging,java.management,java.naming,java.xml,java.sql,java.desktop,jdk.unsupported,"
+    "java.scripting,jdk.crypto.ec,java.net.http,jdk.management"
+)
+
+
+def pinned(name: str) -> str:
+    """name==version of what this environment runs: the bundle ships what was tested here."""
+    return f"{name}=={importlib.metadata.version(name)}"
+
+
+def download_wheels(wheels: Path, log=print) -> None:
+    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(wheels)]
+    log(f"wheels: {', '.join(PURE_WHEELS)}")
+    subprocess.run([*pip, *map(pinned, PURE_WHEELS)], check=True)
+    for version in PYTHON_VERSIONS:
+        log(f"wheels for CPython {version}: {', '.join(BINARY_WHEELS)}")
+        platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
+        target = ["--python-version", version, "--implementation", "cp", *platforms]
+        subprocess.run([*pip, *target, *map(pinned, BINARY_WHEELS)], check=True)
+    uncompress_torchserve(next(wheels.glob("torchserve-*.whl")))
+
+
+def uncompress_torchserve(wheel: Path) -> None:
+    """Store the wheel and its frontend jar without compression, so that xz compresses the classes as one stream
+    (42 MB deflated file by file; about half that as one xz stream). Same files, same contents; the jar's RECORD
+    line gets its new hash and size."""
+    jar_name = "ts/frontend/model-server.jar"
+    with zipfile.ZipFile(wheel) as source:
+        members = [(info, source.read(info)) for info in source.infolist()]
+    contents = {info.filename: data for info, data in members}
+    jar = io.BytesIO()
+    with zipfile.ZipFile(jar, "w", zipfile.ZIP_STORED) as stored, zipfile.ZipFile(io.BytesIO(contents[jar_name])) as deflated:
+        for info in deflated.infolist():
+            stored.writestr(_stored(info), deflated.read(info))
+    contents[jar_name] = jar.getvalue()
+    record_name = next(name for name in contents if name.endswith(".dist-info/RECORD"))
+    digest = base64.urlsafe_b64encode(hashlib.sha256(contents[jar_name]).digest()).rstrip(b"=").decode()
+    lines = [
+        f"{jar_name},sha256={digest},{len(contents[jar_name])}" if line.startswith(jar_name + ",") else line
+        for line in contents[record_name].decode().splitlines()
+    ]
+    contents[record_name] = ("\n".join(lines) + "\n").encode()
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as out:
+        for info, _ in members:
+            out.writestr(_stored(info), contents[info.filename])
+
+
+def _stored(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
+    """The same entry (name, time, permissions), stored."""
+    stored = zipfile.ZipInfo(info.filename, info.date_time)
+    stored.external_attr = info.external_attr
+    stored.compress_type = zipfile.ZIP_STORED
+    return stored
+
+
+def cut_jre(destination: Path, log=print) -> None:
+    jlink = shutil.which("jlink")
+    if jlink is None:
+        raise UsageError("gpu-bundle: jlink not found (it comes with a JDK, e.g. Debian's openjdk-17-jdk-headless)")
+    log(f"jre: jlink {JRE_MODULES}")
+    args = ["--add-modules", JRE_MODULES, "--strip-debug", "--no-header-files", "--no-man-pages", "--output", str(destination)]
+    subprocess.run([jlink, *args], check=True)
+
+
+def copy_project(destination: Path, log=print) -> None:
+    listing = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+    tracked = subprocess.run(listing, cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    weights = [ROOT / "weights" / name for name in ("seg.pt", "seg.json")]
+    if not weights[0].exists():
+        raise UsageError("gpu-bundle: weights/seg.pt is missing: run `make build` (it trains the model) first")
+    files = [ROOT / name for name in tracked if name and (ROOT / name).is_file()] + [w for w in weights if w.exists()]
+    log(f"project: {len(files)} files")
+    for path in files:
+        target = destination / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+
+    # the records' git_sha there (the bundle has no .git): the commit, and -dirty with uncommitted changes
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+
+    sha, dirty = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    (destination / "BUNDLE_COMMIT").write_text(sha + ("-dirty" if dirty else "") + "\n")
+
+
+def build_bundle(out: Path, log=print) -> int:
+    out = out.resolve()
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
+        payload = Path(scratch)
+        copy_project(payload / "project", log)
+        download_wheels(payload / "wheels", log)
+        cut_jre(payload / "jre", log)
+        log("payload.tar.xz: compressing")
+        tar = subprocess.Popen(["tar", "-C", str(payload), "-cf", "-", "project", "wheels", "jre"], stdout=subprocess.PIPE)
+        with open(out / "payload.tar.xz", "wb") as sink:
+            subprocess.run(["xz", "-T0", "-6"], stdin=tar.stdout, stdout=sink, check=True)
+        if tar.wait() != 0:
+            raise RuntimeError("tar failed")
+    shutil.copy2(ROOT / "segserve" / "gpu" / "run.sh", out / "run.sh")
+    size = sum(p.stat().st_size for p in out.iterdir())
+    log(f"{out}: {size / 2**20:.1f} MiB (limit {BUNDLE_LIMIT_BYTES / 2**20:.0f} MiB)")
+    if size > BUNDLE_LIMIT_BYTES:
+        raise UsageError(f"gpu-bundle: {size / 2**20:.1f} MiB is over the {BUNDLE_LIMIT_BYTES / 2**20:.0f} MiB limit")
+    return size
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m segserve.gpu.bundle", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    build = commands.add_parser("build", help="write the bundle folder")
+    build.add_argument("--out", type=Path, default=ROOT / "gpu_bundle")
+    summary = commands.add_parser("summary", help="summary.json and summary.txt of a run of run.sh")
+    summary.add_argument("work", type=Path)
+    summary.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build_bundle(args.out)
+        return 0
+    from segserve.gpu.summary import write_summary
+
+    return write_summary(args.work, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""One TorchServe instance: start it, wait until healthy, register archives, stop it by process id.
+
+Each instance has its own run folder, used as the server's working directory
+(key_file.json and logs/ land there) and as TMPDIR (TorchServe's pid file),
+and its own ports and worker-socket range, so several can run side by side.
+The server runs in its own process group. Its processes are found by the run
+folder in their environment (segserve/serving/processes.py), not by a pid file, so
+`stop()` ends them even when the launcher is gone; nothing is ever killed by name.
+"""
+
+import fcntl
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from segserve.archives.build import tool
+from segserve.errors import RuntimeFailure, UsageError
+from segserve.serving import processes
+from segserve.serving.http import Response, request
+from segserve.serving.ts_config import ADDRESS_KEYS, free_worker_port_base, loopback_ports, read_properties, render_config
+
+# The 500s TorchServe 0.12's frontend answers a scale with when it races its own workers (TorchServe.scale)
+SCALE_RACES = ("ConcurrentModificationException", "NullPointerException")
+
+
+@dataclass
+class TorchServe:
+    run_dir: Path
+    model_store: Path
+    config_template: Path
+    port_base: int | None = None  # None: the ports in config_template
+    free_ports: bool = False  # pick free ports and a free worker-socket range (tests, benchmarks)
+    config_overrides: dict[str, str] = field(default_factory=dict)  # more config.properties keys
+    env: dict[str, str] = field(default_factory=dict)  # extra environment (workers inherit it), e.g. OMP_NUM_THREADS
+    core_plan: Path | None = None  # a core plan YAML (segserve/serving/cores.py)
+    venv: Path | None = None  # run TorchServe (and so its workers) from this Python environment; None: segserve's own
+    # Each log file under logs/ (torchserve.out and TorchServe's log4j files) rotates at this size,
+    # keeping this many older files: at most (kept + 1) × max_bytes each.
+    log_file_max_bytes: int = 10 * 2**20
+    log_files_kept: int = 3
+
+    # Lifecycle ----------------------------------------------------------------
+    @property
+    def config_path(self) -> Path:
+        return self.run_dir / "config.properties"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.run_dir / "server.pid"
+
+    def url(self, api: str) -> str:
+        return read_properties(self.config_path)[f"{api}_address"]
+
+    def start(self, startup_timeout_s: float = 120, log=print) -> None:
+        """Start TorchServe from run_dir and wait until it answers /ping. Holds run_dir/start.lock meanwhile:
+        two `segserve serve` at once would both pass the checks below, and the second would delete the
+        first's key file."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "start.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeFailure(f"another `segserve serve` is starting TorchServe from {self.run_dir}: let it finish") from None
+            self._start(startup_timeout_s, log)  # the lock goes with the file when this returns or raises
+
+    def torchserve(self) -> str:
+        """The torchserve launcher: its Python is the one every worker runs (TorchServe passes sys.executable on)."""
+        if self.venv is None:
+            return tool("torchserve")
+        launcher = Path(self.venv) / "bin" / "torchserve"
+        if not launcher.exists():
+            hint = " (make setup-ipex)" if Path(self.venv).name == ".venv-ipex" else ""
+            raise UsageError(f"venv {self.venv}: no {launcher} there: install torchserve in it{hint}")
+        return str(launcher.absolute())  # the server starts from its run dir: a relative path would not resolve there
+
+    def _start(self, startup_timeout_s: float, log) -> None:
+        running = processes.server_processes(self.run_dir, self._own_ports())
+        if running and not {processes.role(p) for p in running} & {"frontend", "launcher"}:
+            # Workers outlive a killed frontend (kill -9 of Java leaves them waiting on their sockets): nothing
+            # can reach them any more, and they hold their worker sockets and core slots.
+            log(f"stopped what was left of a TorchServe whose frontend died: {processes.stop(self.run_dir, 10, self._own_ports())}")
+            running = []
+        if running:  # its key file and config are in use: leave them alone
+            address = read_properties(self.config_path).get("inference_address") if self.config_path.exists() else None
+            address = f" at {address}" if address else ""
+            raise RuntimeFailure(
+                f"TorchServe already runs from {self.run_dir}{address}: {processes.summary(running)}; "
+                f"stop it first with `segserve serve --stop --run-dir {self.run_dir}`"
+            )
+        if self.log_files_kept < 1 or self.log_file_max_bytes < 1:
+            raise UsageError(f"log_files_kept and log_file_max_bytes must be ≥ 1 (got {self.log_files_kept}, {self.log_file_max_bytes})")
+        (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        logs = self.run_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        overrides = dict(self.config_overrides)
+        if self.free_ports or self.port_base:  # a second instance: move every port it opens
+            overrides.update(loopback_ports(None if self.free_ports else self.port_base))
+            overrides["initial_worker_port"] = str(free_worker_port_base())
+        render_config(self.config_template, self.config_path, overrides)
+        self._check_ports()
+        self.key_file.unlink(missing_ok=True)  # a stale key file would pass the health check below
+        log_config = self.run_dir / "log4j2.xml"
+        log_config.write_text(processes.log4j2_xml(logs.resolve(), self.log_file_max_bytes, self.log_files_kept))
+        store = str(self.model_store.resolve())
+        command = [
+            self.torchserve(),
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--model-store",
+            store,
+            "--workflow-store",
+            store,
+            "--ts-config",
+            str(self.config_path),
+            "--log-config",
+            str(log_config),
+        ]
+        log("$ " + " ".join(command))
+        plan = None
+        if self.core_plan is not None:
+            from segserve.serving.cores import load_plan, write_plan_json
+
+            plan = load_plan(self.core_plan)
+            self.env = {**self.env, "SEGSERVE_CORE_PLAN": str(write_plan_json(plan, self.run_dir))}
+        env = {
+            # Idle OpenMP threads sleep instead of spinning on cores the frontend and decoders need;
+            # measured here: 85 vs 73 req/s for seg at batch 16, 48 vs 8–14 with a busy neighbour.
+            "OMP_WAIT_POLICY": "PASSIVE",
+            **os.environ,
+            **self.env,
+            "TMPDIR": str(self.run_dir / "tmp"),
+            "LOG_LOCATION": str(logs),
+            "METRICS_LOCATION": str(logs),
+            processes.MARKER: str(self.run_dir.resolve()),  # inherited by Java and every worker: how stop() finds them
+        }
+        sizes = _sizes(logs)
+        # The capture process leads a new session and process group; the launcher, Java and the workers join it.
+        capture = [sys.executable, "-m", "segserve.serving.processes", "capture", str(logs / "torchserve.out")]
+        # The capture process's own errors (it cannot start, say) are the only trace of a start that never logged.
+        with open(logs / "capture.err", "wb") as capture_errors:
+            capture_process = subprocess.Popen(
+                [*capture, str(self.log_file_max_bytes), str(self.log_files_kept), *command],
+                cwd=self.run_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=capture_errors,
+                start_new_session=True,
+            )
+        self.pid_path.write_text(str(capture_process.pid))  # for people and scripts; segserve finds the server by its processes
+        deadline = time.monotonic() + startup_timeout_s
+        while time.monotonic() < deadline:
+            if capture_process.poll() is not None:
+                raise self._startup_failure(capture_process.returncode, sizes)
+            try:
+                # /ping needs the inference key too, which exists once the frontend is up.
+                if (
+                    self.key_file.exists()
+                    and request(self.url("inference"), "GET", "/ping", self.token("inference"), timeout_s=2).status == 200
+                ):
+                    if plan is not None:  # the frontend first: workers start from its affinity
+                        from segserve.serving.cores import pin_process
+
+                        for pid in self.process_ids():
+                            pin_process(pid, plan.frontend)
+                    log(f"TorchServe is up: inference {self.url('inference')}, management {self.url('management')}")
+                    return
+            except (OSError, RuntimeFailure, KeyError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail(20)}")
+
+    def ports(self) -> list[tuple[str, str, int]]:
+        """(config key, host, port) of each TCP port the server listens on, from run_dir/config.properties."""
+        config = read_properties(self.config_path)
+        found = []
+        for key, default in zip(ADDRESS_KEYS, ("http://127.0.0.1:8080", "http://127.0.0.1:8081", "http://127.0.0.1:8082"), strict=True):
+            address = urlsplit(config.get(key, default))
+            if address.port:
+                found.append((key, address.hostname or "0.0.0.0", address.port))
+        if config.get("enable_grpc", "true").lower() != "false":
+            for api, default_port in (("inference", 7070), ("management", 7071)):
+                host = config.get(f"grpc_{api}_address", "0.0.0.0")
+                found.append((f"grpc_{api}_port", host, int(config.get(f"grpc_{api}_port", default_port))))
+        return found
+
+    def _own_ports(self) -> tuple[int, ...]:
+        """The ports of the server last started from this run folder (its rendered config), if any."""
+        return tuple(port for _, _, port in self.ports()) if self.config_path.exists() else ()
+
+    def _check_ports(self) -> None:
+        for key, host, port in self.ports():
+            holder = processes.port_holder(host, port)
+            if holder:
+                raise RuntimeFailure(
+                    f"port {port} ({key} in {self.config_path}) is taken by {holder}: stop it, or choose other ports with --port-base N"
+                )
+
+    def _startup_failure(self, code: int, sizes: dict[Path, int]) -> RuntimeFailure:
+        """One line for a port taken while TorchServe started; the log tail for anything else."""
+        added = _added_text(sizes)
+        if "Address already in use" in added:
+            try:
+                self._check_ports()
+            except RuntimeFailure as taken:
+                return taken
+            where = re.search(r"Failed to bind to address: (\S+)", added)
+            where = where.group(1) if where else "one of ports " + ", ".join(str(port) for _, _, port in self.ports())
+            return RuntimeFailure(f"TorchServe could not listen on {where}: Address already in use (free again now)")
+        capture_errors = (self.run_dir / "logs" / "capture.err").read_text(errors="replace").strip().splitlines()[-15:]
+        tail = "\n".join(capture_errors) if capture_errors else self.log_tail(15)
+        return RuntimeFailure(f"TorchServe exited with code {code} while starting:\n{tail}")
+
+    def running_pid(self) -> int | None:
+        """The server's process group (the pid of the process that leads it) while any of its processes lives."""
+        return processes.process_group(processes.server_processes(self.run_dir, self._own_ports()))
+
+    def stop(self, timeout_s: float = 30) -> str:
+        """End every process of this run folder (launcher, frontend, workers, output capture); what it stopped,
+        e.g. "frontend pid 12, 3 workers (process group 9)", or "" when nothing ran."""
+        stopped = processes.stop(self.run_dir, timeout_s, self._own_ports())
+        self.pid_path.unlink(missing_ok=True)
+        return stopped
+
+    def log_tail(self, lines: int = 40) -> str:
+        chunks = []
+        for name in ("torchserve.out", "ts_log.log", "model_log.log"):
+            path = self.run_dir / "logs" / name
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+                chunks.append(f"--- {path} (last {len(tail)} lines)\n" + "\n".join(tail))
+        return "\n".join(chunks) or f"(no logs in {self.run_dir / 'logs'})"
+
+    # Tokens and API calls -------------------------------------------------------
+    @property
+    def key_file(self) -> Path:
+        return self.run_dir / "key_file.json"
+
+    def token(self, api: str) -> str:
+        """The key TorchServe generated for `inference` or `management`."""
+        try:
+            keys = json.loads(self.key_file.read_text())
+        except (OSError, ValueError) as error:
+            raise RuntimeFailure(f"no TorchServe key file at {self.key_file}: is the server running? ({error})") from None
+        return keys[api]["key"]
+
+    def call(self, api: str, method: str, path: str, body: bytes | None = None, timeout_s: float = 300) -> Response:
+        return request(self.url(api), method, path, token=self.token(api), body=body, timeout_s=timeout_s)
+
+    def register_model(
+        self, archive: str, name: str, workers: int = 1, batch_size: int | None = None, max_batch_delay_ms: int | None = None, log=print
+    ) -> None:
+        """POST /models; batching from the archive's model-config unless given."""
+        path = f"/models?url={archive}&model_name={name}&initial_workers={workers}&synchronous=true"
+        if batch_size is not None:
+            path += f"&batch_size={batch_size}"
+        if max_batch_delay_ms is not None:
+            path += f"&max_batch_delay={max_batch_delay_ms}"
+        self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}")
+        started = len(self.describe(name).get("workers", []))
+        if started != workers:  # TorchServe 0.12: the archive's minWorkers/maxWorkers win over initial_workers
+            self.scale(name, workers)
+        log(f"registered model {name} ({archive}, {workers} worker(s))")
+
+    def register_workflow(self, archive: str, name: str, log=print) -> None:
+        self._expect_ok(
+            self.call("management", "POST", f"/workflows?url={archive}&workflow_name={name}"), f"registering workflow {archive}"
+        )
+        log(f"registered workflow {name} ({archive})")
+
+    def scale(self, model: str, workers: int, attempts: int = 6) -> Response:
+        """PUT min/max workers, synchronously. TorchServe 0.12 can answer a scale under load with a 500 from a
+        race in its frontend: ConcurrentModificationException (its worker map changed while it iterated it; once
+        in 7 rescale-under-load runs), or a NullPointerException in BatchAggregator.sendError while it shut down a
+        worker between two batches (seen once, after the worker had gone). The call sets absolute counts, so
+        sending it again is safe; other errors (a worker that fails to start) are final."""
+        path = f"/models/{model}?min_worker={workers}&max_worker={workers}&synchronous=true"
+        for attempt in range(attempts):
+            response = self.call("management", "PUT", path)
+            race = response.status == 500 and any(name in response.text() for name in SCALE_RACES)
+            if not race or attempt == attempts - 1:
+                break
+            time.sleep(0.2 * 2**attempt)
+        return self._expect_ok(response, f"scaling {model} to {workers} worker(s)")
+
+    def unregister(self, kind: str, name: str) -> None:
+        """DELETE a model or workflow (kind "models" or "workflows"); a missing one is not an error."""
+        response = self.call("management", "DELETE", f"/{kind}/{name}")
+        if response.status not in (200, 404):
+            self._expect_ok(response, f"unregistering {kind[:-1]} {name}")
+
+    def process_ids(self) -> list[int]:
+        """The output capture, the torchserve launcher, the Java frontend and every worker."""
+        return sorted(p.pid for p in processes.server_processes(self.run_dir, self._own_ports()))
+
+    def models(self) -> list[str]:
+        """Every model TorchServe has registered (workflow nodes too), from GET /models."""
+        models = self._expect_ok(self.call("management", "GET", "/models?limit=1000"), "listing models").json()["models"]
+        return sorted(m["modelName"] for m in models)
+
+    def workflow_nodes(self) -> list[str]:
+        """The models TorchServe registered for workflow nodes (<workflow>__<node>), from GET /workflows."""
+        workflows = self._expect_ok(self.call("management", "GET", "/workflows"), "listing workflows").json()["workflows"]
+        prefixes = tuple(f"{w['workflowName']}__" for w in workflows)
+        return [m for m in self.models() if prefixes and m.startswith(prefixes)]
+
+    def describe(self, model: str) -> dict:
+        return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]
+
+    def wait_ready(self, model: str, timeout_s: float = 120) -> None:
+        """Wait until every worker of `model` is READY."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            workers = self.describe(model).get("workers", [])
+            if workers and all(w.get("status") == "READY" and int(w.get("pid") or -1) > 0 for w in workers):
+                return
+            time.sleep(0.5)
+        raise RuntimeFailure(f"workers of {model} are not READY after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def _expect_ok(self, response: Response, what: str) -> Response:
+        if response.status >= 300:
+            raise RuntimeFailure(f"{what} failed: HTTP {response.status} {response.text()[:500]}\n{self.log_tail(20)}")
+        return response
+
+
+def _sizes(logs: Path) -> dict[Path, int]:
+    return {path: path.stat().st_size if path.exists() else 0 for path in (logs / "torchserve.out", logs / "ts_log.log")}
+
+
+def _added_text(sizes: dict[Path, int]) -> str:
+    """What was written to these logs since `sizes` was taken (all of a file that rotated meanwhile)."""
+    text = ""
+    for path, size in sizes.items():
+        data = path.read_bytes() if path.exists() else b""
+        text += (data[size:] if len(data) >= size else data).decode(errors="replace")
+    return text
