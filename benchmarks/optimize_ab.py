@@ -15,7 +15,7 @@ from segserve.bench.results.compare import paired_change
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.runner import Runner
 from segserve.bench.run.session import Setup
-from segserve.bench.search.strategies import GridSearch
+from segserve.bench.search import GridSearch
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import load_suite
 

@@ -16,7 +16,7 @@ from segserve.bench.results.store import read_summary
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.runner import Runner
 from segserve.bench.run.session import Setup, members_of
-from segserve.bench.search.strategies import GridSearch, candidates
+from segserve.bench.search import GridSearch, candidates
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.columns import best
 from segserve.bench.suite.spec import load_suite

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from handlers import profiling
+from handlers import profiling, testing_seam
 from handlers.batching import RowFailure, StageRunner
 from handlers.pinning import SharedCores, claim_cores
 from handlers.settings import parse_settings
@@ -99,7 +99,7 @@ class SegserveHandler:
             torch.set_num_threads(threads)
         elif self.cores is None and model_name and self.device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
             self.shared_cores = SharedCores(model_name)
-        self.slowdown_fraction = slowdown_fraction()
+        self.slowdown_fraction = testing_seam.slowdown_fraction()
         # the most rows the network runs at once: a compiled network is compiled for batch sizes up to it
         self.max_rows = common.micro_batch_size or int(context.system_properties.get("batch_size") or 1)
         self.load(context.system_properties["model_dir"], settings, context.manifest)
@@ -149,7 +149,7 @@ class SegserveHandler:
                 context.set_response_content_type(idx, self.content_type)
         self.report_metrics(context, sum(len(o) for o in output), len(data))
         if self.slowdown_fraction:
-            spin(self.slowdown_fraction * (time.perf_counter() - started))
+            testing_seam.spin(self.slowdown_fraction * (time.perf_counter() - started))
         return output
 
     def report_metrics(self, context, response_bytes: int, requests: int) -> None:
@@ -188,31 +188,6 @@ class SegserveHandler:
 
     def encode(self, result) -> bytes:
         raise NotImplementedError
-
-
-# For testing a regression gate only: SEGSERVE_TEST_SLOWDOWN=0.1 makes every batch take 10% longer (the handler
-# spins on a core for that share of its time). Never set in normal use; a worker with it logs a warning.
-SLOWDOWN_ENV = "SEGSERVE_TEST_SLOWDOWN"
-
-
-def slowdown_fraction() -> float:
-    text = os.environ.get(SLOWDOWN_ENV, "")
-    if not text:
-        return 0.0
-    fraction = float(text)
-    if not 0 <= fraction <= 10:
-        raise ValueError(f"{SLOWDOWN_ENV}={text!r}: a fraction of the handler's time between 0 and 10")
-    logger.warning(
-        "%s=%s: this worker is slowed down on purpose by %.0f%% (for testing a regression gate)", SLOWDOWN_ENV, text, 100 * fraction
-    )
-    return fraction
-
-
-def spin(seconds: float) -> None:
-    """Busy-wait: a slowdown that costs CPU, as a slower handler would."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def entry_point(handler_class):

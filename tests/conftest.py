@@ -8,8 +8,8 @@ from ts.context import Context, RequestProcessor
 
 from handlers.segnet import SegNet
 from segserve.archives.build import build, ensure_weights
-from segserve.cli import served_targets, start_pipeline
 from segserve.model.worker_context import worker_context
+from segserve.serving.launch import served_targets, start_pipeline
 from segserve.serving.server import TorchServe
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -312,21 +312,21 @@ def test_a_16_bit_png_is_segmented_like_its_8_bit_version(seg):
 
 
 def test_the_test_slowdown_spins_for_its_share_of_the_handlers_time_and_is_off_by_default(tmp_path, monkeypatch):
-    import handlers.base
+    import handlers.testing_seam
 
     spun = []
-    monkeypatch.setattr(handlers.base, "spin", spun.append)
+    monkeypatch.setattr(handlers.testing_seam, "spin", spun.append)
     config = {"quality": 95, "palette": [[0, 0, 0], [255, 255, 255]]}
     maps = [classmap.pack(make_sample(70, 64, 96)[1], 2, 64, 96)]
     plain = JpegHandler()
     plain.initialize(make_context(tmp_path, config))
     run(plain, maps)
     assert spun == []
-    monkeypatch.setenv(handlers.base.SLOWDOWN_ENV, "0.5")
+    monkeypatch.setenv(handlers.testing_seam.SLOWDOWN_ENV, "0.5")
     slowed = JpegHandler()
     slowed.initialize(make_context(tmp_path, config))
     out, context = run(slowed, maps)
     assert status_of(context, 0) == 200 and len(spun) == 1 and 0 < spun[0] < 5
-    monkeypatch.setenv(handlers.base.SLOWDOWN_ENV, "-1")
+    monkeypatch.setenv(handlers.testing_seam.SLOWDOWN_ENV, "-1")
     with pytest.raises(ValueError, match="between 0 and 10"):
         JpegHandler().initialize(make_context(tmp_path, config))

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from handlers.pinning import WORKERS_DIR, SharedCores, count_live_workers, register_worker
-from segserve.cli import served_targets, start_pipeline
 from segserve.errors import UsageError
 from segserve.serving.cores import live_affinity, load_plan
 from segserve.serving.http import request
+from segserve.serving.launch import served_targets, start_pipeline
 from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from segserve.bench.search.strategies import Space, budget_points, make_strategy
+from segserve.bench.search import budget_points, make_strategy
+from segserve.bench.search.optuna_search import Space
 from segserve.bench.suite.plan import Point
 from segserve.bench.suite.spec import Budget
 from segserve.errors import UsageError

@@ -10,8 +10,7 @@ import pytest
 from segserve.archives.catalog import Catalog
 from segserve.bench.run.runner import record_for
 from segserve.bench.run.session import collect
-from segserve.bench.search import study
-from segserve.bench.search.strategies import make_strategy
+from segserve.bench.search import make_strategy, study
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Budget, load_suite
 from segserve.cli import main

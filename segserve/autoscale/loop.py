@@ -259,3 +259,25 @@ def last_decisions(run_dir: Path, count: int = 5) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines()[-count:]]
+
+
+def start_beside(server, config: str, dag: str) -> int:
+    """`segserve autoscale` beside the server, in a session of its own and marked as the server's process (the
+    run dir in its environment), so that `serve --stop` stops it with the server; it dies alone otherwise."""
+    import subprocess
+    import sys
+
+    from segserve.serving.processes import MARKER
+
+    command = [sys.executable, "-m", "segserve.cli", "autoscale", "--run-dir", str(server.run_dir), "--config", config, "--dag", dag]
+    log = open(server.run_dir / "logs" / "autoscale.log", "a")  # noqa: SIM115 (the child keeps it)
+    child = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, MARKER: str(server.run_dir.resolve())},
+    )
+    log.close()
+    return child.pid

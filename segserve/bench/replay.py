@@ -13,7 +13,7 @@ from segserve.archives.catalog import Catalog
 from segserve.bench.results.render import render_table
 from segserve.bench.results.store import read_summary
 from segserve.bench.run.session import members_of
-from segserve.bench.search.strategies import STRATEGIES, candidates, make_strategy
+from segserve.bench.search import STRATEGIES, candidates, make_strategy
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.columns import METRICS, best
 from segserve.bench.suite.spec import Budget, load_suite

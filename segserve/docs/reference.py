@@ -60,12 +60,9 @@ def _arguments(command: argparse.ArgumentParser) -> list[str]:
 
 
 def suite_schema() -> dict:
-    from segserve.bench.suite.spec import Suite
+    from segserve.bench.suite.spec import suite_schema
 
-    schema = Suite.model_json_schema()
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "segserve benchmark suite"
-    return schema
+    return suite_schema()
 
 
 def suite_reference() -> str:

@@ -28,7 +28,7 @@ GOALS = {"workflow": 0.9, "fused": 0.95}  # a pipeline's throughput ÷ its slowe
 def pipelines() -> tuple[list[str], dict[str, float]]:
     """The default DAG's members, and its workflow and fused twin with their goals: from the catalog."""
     from segserve.archives.catalog import FUSED_SUFFIX, Catalog
-    from segserve.cli import DEFAULT_DAG
+    from segserve.serving.launch import DEFAULT_DAG
 
     workflow = Catalog(ROOT).target(DEFAULT_DAG, "workflow")
     return list(workflow.members), {workflow.name: GOALS["workflow"], workflow.name + FUSED_SUFFIX: GOALS["fused"]}
@@ -38,8 +38,8 @@ def serve(out_json: Path) -> int:
     """Serve the default DAG's family on free ports, send samples/ through the workflow and the fused pipeline,
     record the answers and each worker's device; 1 when a request failed or a worker is off the GPU."""
     from segserve.archives.catalog import Catalog
-    from segserve.cli import served_targets, start_pipeline
     from segserve.serving.client import predict
+    from segserve.serving.launch import served_targets, start_pipeline
     from segserve.serving.server import TorchServe
 
     images = sorted((ROOT / "samples").glob("*.jpg"))

@@ -33,7 +33,7 @@ import torch
 from torchvision.io import encode_png
 
 from handlers import classmap
-from segserve import ROOT, cli
+from segserve import ROOT
 from segserve.bench.run.load import CONNECTION_ERROR, TIMEOUT, LoadResult, LoadSpec, run_load
 from segserve.model.synthetic import make_sample
 from segserve.serving.server import TorchServe
@@ -41,7 +41,7 @@ from segserve.serving.server import TorchServe
 
 def served_targets() -> dict[str, tuple[str, str]]:
     """What `segserve serve` registers (the catalog's default family): target → (path, input kind)."""
-    targets = cli.served_targets(None)
+    targets = served_targets(None)
     return {t.name: (t.endpoint, "classmap" if t.takes == "class_map" else "image") for t in targets}
 
 

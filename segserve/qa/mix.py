@@ -57,7 +57,7 @@ def measure(server: TorchServe, path: str, small: list[bytes], large: bytes | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from segserve.cli import served_targets, start_pipeline
+    from segserve.serving.launch import served_targets, start_pipeline
 
     parser = argparse.ArgumentParser(prog="python -m segserve.qa.mix", description=__doc__.splitlines()[0])
     parser.add_argument("--model-store", default="model_store")

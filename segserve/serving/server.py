@@ -230,6 +230,16 @@ class TorchServe:
         self.pid_path.unlink(missing_ok=True)
         return stopped
 
+    def __enter__(self) -> "TorchServe":
+        """`with TorchServe(...) as server:` starts it (unless it runs already) and stops every process of it on the
+        way out, whatever ends the block."""
+        if self.running_pid() is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
     def log_tail(self, lines: int = 40) -> str:
         chunks = []
         for name in ("torchserve.out", "ts_log.log", "model_log.log"):

@@ -13,7 +13,7 @@ from segserve.autoscale.rules import Policy
 from segserve.bench.results.stats import ratio_of_medians
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.measure import bare_shape, measure, measure_phases, process_groups, run_accuracy, run_bare
-from segserve.bench.search.strategies import Strategy
+from segserve.bench.search import Strategy
 from segserve.bench.suite.plan import Point, settings_for
 from segserve.errors import RuntimeFailure
 from segserve.model.accuracy import verdict

@@ -19,8 +19,7 @@ from segserve.bench.results.store import read_runs
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.inputs import class_maps, request_bodies
 from segserve.bench.run.runner import Runner, bare_throughputs
-from segserve.bench.search import study
-from segserve.bench.search.strategies import budget_points, candidates, make_strategy
+from segserve.bench.search import budget_points, candidates, make_strategy, study
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError

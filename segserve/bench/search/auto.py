@@ -15,7 +15,7 @@ report shows predicted against measured.
 
 import statistics
 
-from segserve.bench.search.strategies import Search, sorted_values
+from segserve.bench.search.interface import Search, sorted_values
 from segserve.bench.suite.params import node_param, workers_param
 from segserve.bench.suite.plan import Point
 from segserve.errors import UsageError

@@ -494,3 +494,11 @@ def expand_headers(suite: Suite) -> list[str]:
             else:
                 target.headers[header] = ENV_REFERENCE.sub(lambda m: os.environ[m.group(1)], value)
     return problems
+
+
+def suite_schema() -> dict:
+    """The suite format as a JSON Schema (`segserve bench schema`, benchmarks/suite.schema.json): what editors check."""
+    schema = Suite.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "segserve benchmark suite"
+    return schema

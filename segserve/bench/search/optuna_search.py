@@ -1,136 +1,14 @@
-"""Search strategies: which point to measure next, told each result before they choose again.
-
-The runner knows only this interface (as Model Analyzer's config generators): `ask()` the next point
-(None: done), `tell(point, record)` what it measured; `plan()` is what it would propose with no feedback
-(empty where every proposal depends on results) and `size()` the most points it will propose. Every strategy
-works over the suite's points in the grid's (cheapest) order and stops at its budget: a number of points, or
-minutes from its first proposal.
-
-- grid: every point, in order (with a budget: the first ones, as a grid stopped early).
-- random: a seeded sample of the budget's size, measured in the grid's order.
-- optuna: Optuna's GP or TPE sampler over the grid's lists (numbers as ordered indices, the rest as
-  categories); the suite's constraints as Optuna constraints (Trial.set_constraint), so infeasible points
-  steer the search; one objective, or two for a Pareto front. With `batch` > 1 it proposes that many points
-  at a time, measured in the grid's order, so that server restarts and re-registrations stay rare.
-- auto: measures the members (the DAG's nodes served alone) first, predicts every pipeline point from them
-  and measures the best predictions (segserve/bench/search/auto.py).
-"""
+"""optuna: Optuna's GP or TPE sampler over the grid's lists (numbers as ordered indices, the rest as
+categories); the suite's constraints as Optuna constraints (Trial.set_constraint), so infeasible points
+steer the search; one objective, or two for a Pareto front. With `batch` > 1 it proposes that many points
+at a time, measured in the grid's order, so that server restarts and re-registrations stay rare."""
 
 import random
-import time
 import warnings
-from typing import Protocol
 
+from segserve.bench.search.interface import Search, ordered, sorted_values
 from segserve.bench.suite.columns import METRICS
 from segserve.bench.suite.plan import Point
-from segserve.errors import UsageError
-
-
-class Strategy(Protocol):
-    def ask(self) -> Point | None: ...
-
-    def tell(self, point: Point, record: dict) -> None: ...
-
-    def plan(self) -> list[Point]: ...
-
-    def size(self) -> int: ...
-
-
-def budget_points(budget, space_size: int) -> int | None:
-    """How many points a budget allows: the grid's size without one, None for a budget in minutes."""
-    if budget is None:
-        return space_size
-    if budget.points is not None:
-        if budget.points > space_size:
-            raise UsageError(f"search.budget.points: {budget.points} is more than the {space_size} points of the space")
-        return budget.points
-    if budget.fraction is not None:
-        return max(1, round(budget.fraction * space_size))
-    return None
-
-
-class Search:
-    """What every strategy shares: the space in the grid's order, the budget, and what it was told (a point
-    proposed again is answered from it, not measured again). Subclasses choose in `propose`."""
-
-    def __init__(self, points: list[Point], limit: int | None, minutes: float | None = None, clock=time.monotonic):
-        self.points = list(points)
-        self.order = {p.run_id: index for index, p in enumerate(self.points)}
-        self.limit, self.minutes, self.clock = limit, minutes, clock
-        self.deadline: float | None = None
-        self.asked: list[Point] = []
-        self.told: dict[str, dict] = {}
-
-    def spent(self) -> bool:
-        if self.minutes is not None:
-            self.deadline = self.deadline or self.clock() + 60 * self.minutes
-            if self.clock() >= self.deadline:
-                return True
-        return self.used() >= self.size()
-
-    def used(self) -> int:
-        """Points proposed so far (a shared study: by every process)."""
-        return len(self.asked)
-
-    def ask(self) -> Point | None:
-        if self.spent():
-            return None
-        point = self.propose()
-        if point is not None:
-            self.asked.append(point)
-        return point
-
-    def tell(self, point: Point, record: dict) -> None:
-        self.told[point.run_id] = record
-        self.learn(point, record)
-
-    def unasked(self) -> list[Point]:
-        taken = {p.run_id for p in self.asked}
-        return [p for p in self.points if p.run_id not in taken]
-
-    def in_grid_order(self, points: list[Point]) -> list[Point]:
-        return sorted(points, key=lambda p: self.order[p.run_id])
-
-    def propose(self) -> Point | None:
-        raise NotImplementedError
-
-    def learn(self, point: Point, record: dict) -> None:
-        pass
-
-    def plan(self) -> list[Point]:
-        """Without feedback: what the strategy starts with (the whole budget for grid and random)."""
-        return self.points[: self.limit]
-
-    def size(self) -> int:
-        """The most points it will propose (a budget in minutes: the whole space)."""
-        return min(self.limit or len(self.points), len(self.points))
-
-
-class GridSearch(Search):
-    """Every point once, in the plan's order (restarts and re-registrations only where values change)."""
-
-    def __init__(self, points: list[Point], limit: int | None = None, minutes: float | None = None):
-        super().__init__(points, limit, minutes)
-
-    def propose(self) -> Point | None:
-        rest = self.unasked()
-        return rest[0] if rest else None
-
-
-class RandomSearch(Search):
-    """A seeded sample of the budget's size, measured in the grid's order (a budget in minutes: all, shuffled)."""
-
-    def __init__(self, points: list[Point], limit: int | None = None, minutes: float | None = None, seed: int = 0):
-        super().__init__(points, limit, minutes)
-        rng = random.Random(seed)
-        sample = rng.sample(self.points, min(limit or len(self.points), len(self.points)))
-        self.queue = self.in_grid_order(sample) if limit is not None else sample
-
-    def propose(self) -> Point | None:
-        return self.queue.pop(0) if self.queue else None
-
-    def plan(self) -> list[Point]:
-        return list(self.queue)
 
 
 def constraint_violations(record: dict, constraints: dict[str, dict]) -> dict[str, float]:
@@ -173,7 +51,7 @@ class Space:
         for param, values in self.values[target].items():
             if len(values) == 1:
                 chosen[param] = values[0]
-            elif _ordered(values):
+            elif ordered(values):
                 chosen[param] = values[trial.suggest_int(self.name(target, param), 0, len(values) - 1)]
             else:
                 chosen[param] = trial.suggest_categorical(self.name(target, param), values)
@@ -185,24 +63,15 @@ class Space:
         for param, values in self.values[point.target].items():
             if len(values) > 1:
                 value = point.params.get(param)
-                params[self.name(point.target, param)] = values.index(value) if _ordered(values) else value
+                params[self.name(point.target, param)] = values.index(value) if ordered(values) else value
         return params
 
     def distance(self, target: str, params: dict, chosen: dict) -> float:
         total = 0.0
         for param, values in self.values[target].items():
             a, b = params.get(param), chosen.get(param)
-            total += abs(values.index(a) - values.index(b)) if _ordered(values) else float(a != b)
+            total += abs(values.index(a) - values.index(b)) if ordered(values) else float(a != b)
         return total
-
-
-def _ordered(values: list) -> bool:
-    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-
-
-def sorted_values(values: set) -> list:
-    """Numbers in order; anything else by type, then text (a stable order for categories)."""
-    return sorted(values) if _ordered(list(values)) else sorted(values, key=lambda v: (type(v).__name__, str(v)))
 
 
 class OptunaSearch(Search):
@@ -429,46 +298,3 @@ class OptunaSearch(Search):
 
     def plan(self) -> list[Point]:
         return []  # known only as results come in
-
-
-STRATEGIES = ("grid", "random", "optuna", "auto")
-
-
-def candidates(points: list[Point], members: dict[str, dict[str, str]]) -> list[Point]:
-    """The points a search chooses among: all but the members of a pipeline the suite also lists (those are
-    measured only by auto, to predict the pipelines)."""
-    served_alone = {m for nodes in members.values() for m in nodes.values()}
-    return [p for p in points if p.target not in served_alone]
-
-
-def make_strategy(
-    name: str,
-    points: list[Point],
-    budget=None,
-    members: dict[str, dict[str, str]] | None = None,
-    seed: int = 0,
-    objectives: list[str] = ("throughput_rps",),
-    constraints: dict | None = None,
-    sampler: str = "tpe",
-    storage=None,
-    study_name: str | None = None,
-    batch: int = 1,
-) -> Strategy:
-    """A strategy by name over a suite's points (in the grid's order) with its budget (the suite's
-    `search.budget`: of the candidates); grid without a budget measures every point, members too."""
-    members = members or {}
-    space = candidates(points, members)
-    limit = budget_points(budget, len(space))
-    minutes = budget.minutes if budget is not None else None
-    if name == "grid":
-        return GridSearch(points if budget is None else space, limit if budget is not None else None, minutes)
-    if name == "random":
-        return RandomSearch(space, limit, minutes, seed=seed)
-    if name == "optuna":
-        return OptunaSearch(space, limit, minutes, seed, objectives, constraints, sampler, storage, study_name, batch)
-    if name == "auto":
-        from segserve.bench.search.auto import AutoSearch
-
-        probes = [p for p in points if p not in space]
-        return AutoSearch(space, limit, minutes, members=members, probes=probes, objectives=objectives)
-    raise UsageError(f"unknown search strategy {name!r}: one of {', '.join(STRATEGIES)}")

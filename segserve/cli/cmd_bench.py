@@ -1,0 +1,180 @@
+"""`segserve bench`: a suite run, and the actions on suites and results, each a subcommand of its own:
+`bench [run] SUITE.yaml`, `bench compare OLD NEW`, `bench ab SUITE --a REF --b REF`, `bench replay RESULTS`,
+`bench collect STUDY` and `bench schema`. `segserve bench SUITE.yaml` is `segserve bench run SUITE.yaml`."""
+
+import argparse
+from pathlib import Path
+
+from segserve.errors import UsageError
+from segserve.serving.launch import catalog
+
+ACTIONS = ("run", "compare", "ab", "replay", "collect", "schema")
+
+
+def with_run_action(argv: list[str]) -> list[str]:
+    """`bench SUITE.yaml …` as `bench run SUITE.yaml …`: a suite's path is never one of the actions' names."""
+    if len(argv) > 1 and argv[0] == "bench" and argv[1] not in (*ACTIONS, "-h", "--help"):
+        return ["bench", "run", *argv[1:]]
+    return argv
+
+
+def add_parser(sub, common) -> None:
+    from segserve.bench.search.study import HEARTBEAT_S
+
+    p = sub.add_parser(
+        "bench",
+        help="run a benchmark suite, `bench compare OLD NEW`, `bench ab SUITE --a REF --b REF`, `bench replay RESULTS`, "
+        "`bench collect STUDY`, or `bench schema` (the suite format's JSON Schema, for editors)",
+    )
+    actions = p.add_subparsers(dest="action", required=True, metavar="{SUITE.yaml,run,compare,ab,replay,collect,schema}")
+    where = argparse.ArgumentParser(add_help=False)
+    where.add_argument("--results", default="results", help="where result folders go (default: results)")
+    weights = argparse.ArgumentParser(add_help=False)
+    weights.add_argument("--weights", default="weights/seg.pt", help="weights used for every seg archive")
+    storage = argparse.ArgumentParser(add_help=False)
+    storage.add_argument(
+        "--storage",
+        metavar="URL",
+        help="optuna search, collect: the Optuna storage of the study; postgresql://user:password@host/db shares it between bench "
+        "processes (default: study.log in the result folder)",
+    )
+    effect = argparse.ArgumentParser(add_help=False)
+    effect.add_argument("--min-effect", type=float, default=0.05, help="the smallest relative throughput change that counts (default 0.05)")
+
+    q = actions.add_parser("run", parents=[where, weights, storage], help="run a suite (the default: `segserve bench SUITE.yaml`)")
+    q.add_argument("suite", metavar="SUITE.yaml", help="a suite file (benchmarks/*.yaml)")
+    q.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
+    q.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
+    q.add_argument("--port-base", type=int, help="TorchServe's HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: free ports)")
+    q.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="DEST",
+        help="send the results to s3://bucket/prefix, cloudwatch://Namespace or pushgateway://host:port (repeatable)",
+    )
+    q.add_argument("--endpoint-url", help="--export: the S3 / CloudWatch endpoint (default: AWS's)")
+    q.add_argument(
+        "--heartbeat-s",
+        type=int,
+        default=HEARTBEAT_S,
+        help=f"database storage: seconds between a running trial's heartbeats; silent for 3, it goes to another process ({HEARTBEAT_S})",
+    )
+    q.set_defaults(run=run_suite)
+
+    q = actions.add_parser("compare", parents=[effect], help="did NEW get slower than OLD, point by point (exit 1: a slowdown)")
+    q.add_argument("old", metavar="OLD", help="a result folder")
+    q.add_argument("new", metavar="NEW", help="a result folder of the same suite")
+    q.set_defaults(run=run_compare)
+
+    q = actions.add_parser("ab", parents=[where, weights, effect], help="two versions of the project, measured in turn on a suite's points")
+    q.add_argument("suite", metavar="SUITE.yaml", help="a suite file")
+    q.add_argument("--a", required=True, help="the version to compare against: a git ref or a project folder")
+    q.add_argument("--b", required=True, help="the version under test: a git ref or a project folder (`.`: this working tree)")
+    q.add_argument("--rounds", type=int, default=3, help="A/B measurements of each point, interleaved (default 3)")
+    q.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE", help="environment of B's server (repeatable)")
+    q.set_defaults(run=run_ab)
+
+    q = actions.add_parser("replay", help="search strategies judged on a recorded grid, without a server")
+    q.add_argument("results", metavar="RESULTS", help="a result folder of a complete grid")
+    q.add_argument("--strategy", default="grid,random,optuna,auto", help="strategies, comma-separated")
+    q.add_argument("--budget", default="0.05,0.1,0.2", help="fractions of the grid (0.1) or point counts (15), comma-separated")
+    q.add_argument("--seeds", type=int, default=20, help="runs of each strategy and budget, seeds 0…N-1 (default 20)")
+    q.add_argument("--json", action="store_true", help='print {"<strategy>": {"<budget>": {"median": x, "worst": y}}}')
+    q.set_defaults(run=run_replay)
+
+    q = actions.add_parser("collect", parents=[where, storage], help="one result folder from a shared study's trials")
+    q.add_argument("study", metavar="STUDY", help="the study's name (with --storage), or a result folder (its study.log)")
+    q.set_defaults(run=run_collect)
+
+    q = actions.add_parser("schema", help="print the suite format's JSON Schema (for editors)")
+    q.set_defaults(run=run_schema)
+
+
+def run_schema(args) -> int:
+    import json
+
+    from segserve.bench.suite.spec import suite_schema
+
+    print(json.dumps(suite_schema(), indent=2))
+    return 0
+
+
+def run_compare(args) -> int:
+    from segserve.bench.results.compare import compare
+
+    try:
+        text, regressed = compare(Path(args.old), Path(args.new), min_effect=args.min_effect)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+    print(text)
+    return 1 if regressed else 0
+
+
+def run_ab(args) -> int:
+    from segserve.bench.ab import parse_env
+    from segserve.bench.ab import run_ab as run_versions
+    from segserve.bench.suite.spec import load_suite
+
+    suite = load_suite(Path(args.suite), catalog())
+    env = parse_env(args.b_env)
+    _, slower = run_versions(
+        suite, Path.cwd(), (args.a, args.b), Path(args.weights).resolve(), Path(args.results), args.rounds, args.min_effect, env
+    )
+    return 1 if slower else 0
+
+
+def run_replay(args) -> int:
+    from segserve.bench import replay
+
+    try:
+        return replay.main(Path(args.results), catalog(), args.strategy, args.budget, args.seeds, args.json)
+    except FileNotFoundError as error:
+        raise UsageError(str(error)) from None
+
+
+def run_collect(args) -> int:
+    from segserve.bench.run.session import collect
+
+    collect(args.study, args.storage, catalog(), Path(args.results))
+    return 0
+
+
+def run_suite(args) -> int:
+    from segserve.bench.run.session import check_storage, describe_search, plan_points, strategy_for
+    from segserve.bench.run.session import run_suite as run_points
+    from segserve.bench.search import study
+    from segserve.bench.suite import plan
+    from segserve.bench.suite.spec import load_suite
+
+    suite_path, known = Path(args.suite), catalog()
+    suite = load_suite(suite_path, known)
+    points = plan_points(suite, known, Path(args.weights))
+    if args.heartbeat_s < 1:
+        raise UsageError(f"--heartbeat-s must be ≥ 1 (got {args.heartbeat_s})")
+    if args.dry_run:
+        check_storage(suite, args.storage)
+        storage = study.open_storage(args.storage, None, args.heartbeat_s) if args.storage else None  # reachable?
+        strategy_for(suite, known, points, storage)  # refused as the run would: a budget larger than the space, auto without members
+        print(plan.describe(suite, points))
+        print(describe_search(suite, known, points))
+        if not Path(args.weights).exists():
+            print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
+        return 0
+    resume = Path(args.resume) if args.resume else None
+    from segserve.bench.results.export import checked
+
+    exports = checked(args.export, args.endpoint_url)  # credentials, bucket, namespace: now, not after measuring
+    run_points(
+        suite_path,
+        suite,
+        known,
+        Path(args.results),
+        Path(args.weights),
+        resume,
+        storage_url=args.storage,
+        port_base=args.port_base,
+        heartbeat_s=args.heartbeat_s,
+        exports=exports,
+    )
+    return 0

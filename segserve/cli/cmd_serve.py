@@ -1,0 +1,52 @@
+"""`segserve serve`: TorchServe with catalog targets registered (and the autoscaler beside it); `--stop` ends it."""
+
+from pathlib import Path
+
+from segserve.cli.common import server_from
+from segserve.errors import UsageError
+from segserve.serving.launch import DEFAULT_DAG, served_targets, start_pipeline
+
+
+def add_parser(sub, common) -> None:
+    p = sub.add_parser("serve", parents=[common], help="start TorchServe and register catalog targets (default: seg_jpeg's family)")
+    p.add_argument("--targets", help=f"comma-separated catalog targets (default: {DEFAULT_DAG}'s members, workflow and fused twin)")
+    p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
+    p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (docs/workers-and-cores.md)")
+    p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
+    p.add_argument("--endpoint-url", help="--model-store s3://…: the S3 endpoint (default: AWS's)")
+    p.add_argument(
+        "--autoscale",
+        action="store_true",
+        help="also run `segserve autoscale` on the served workflow, else the fused pipeline (stopped by --stop)",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    server = server_from(args)
+    if args.stop:
+        stopped = server.stop()
+        print(f"TorchServe stopped from {server.run_dir}: {stopped}" if stopped else f"no TorchServe running from {server.run_dir}")
+        return 0
+    targets = served_targets(args.targets)
+    if args.model_store.startswith("s3://"):  # archives from S3 into the run dir's model store, then as usual
+        from segserve.archives.s3_store import fetch
+
+        server.model_store = fetch(args.model_store, Path(args.run_dir).resolve() / "model_store", args.endpoint_url)
+    # one loop per server: the first workflow served, else the first fused pipeline
+    scalable = [t for kind in ("workflow", "fused") for t in targets if t.kind == kind]
+    if args.autoscale and not scalable:
+        raise UsageError(
+            "--autoscale moves workers between a workflow's nodes, or a fused pipeline's workers × threads: serve one (--targets seg_jpeg)"
+        )
+    start_pipeline(server, targets)
+    endpoints = ", ".join(t.endpoint for t in targets)
+    print(f"serving {endpoints} at {server.url('inference')}; stop with `segserve serve --stop`")
+    if args.autoscale:
+        from segserve.autoscale.loop import start_beside
+
+        scaled = scalable[0]
+        pid = start_beside(server, args.config, scaled.name)
+        what = "nodes" if scaled.kind == "workflow" else "workers × threads"
+        print(f"autoscaling {scaled.name}'s {what} (pid {pid}): decisions in {server.run_dir / 'autoscale.jsonl'}, `segserve pin --show`")
+    return 0

@@ -1,0 +1,61 @@
+"""What several commands share: the server options, the server they name, and image arguments."""
+
+import argparse
+from pathlib import Path
+
+from segserve.errors import RuntimeFailure, UsageError
+
+DEFAULT_RUN_DIR = Path(".segserve")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+def server_options() -> argparse.ArgumentParser:
+    """--model-store, --config, --run-dir: the options of every command that builds, serves or talks to a server."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--model-store", default="model_store", help="archive folder (default: model_store); serve: also s3://bucket/prefix"
+    )
+    common.add_argument("--config", default="config.properties", help="TorchServe config (default: config.properties)")
+    common.add_argument("--run-dir", default=str(DEFAULT_RUN_DIR), help="server state: key file, logs, pid (default: .segserve)")
+    return common
+
+
+def server_from(args):
+    from segserve.serving.server import TorchServe
+
+    config = Path(args.config)
+    if not config.exists():
+        raise UsageError(f"--config {config}: no such file (run from the repository root or pass --config)")
+    return TorchServe(
+        run_dir=Path(args.run_dir).resolve(),
+        model_store=Path(args.model_store),
+        config_template=config,
+        port_base=getattr(args, "port_base", None),
+        core_plan=Path(args.core_plan) if getattr(args, "core_plan", None) else None,
+    )
+
+
+def running_server(args, targets: str):
+    """The server of --run-dir, or one line saying how to start it (commands that work on a live server)."""
+    from segserve.serving import processes
+
+    server = server_from(args)
+    if not server.config_path.exists() or not processes.server_processes(server.run_dir):
+        raise RuntimeFailure(f"no TorchServe runs from {server.run_dir}: start it with `segserve serve --targets {targets}`")
+    return server
+
+
+def image_files(given_paths: list[str]) -> list[Path]:
+    """Image files, and the .jpg/.jpeg/.png files of folders (as a user means by `segserve predict photos/`)."""
+    images = []
+    for given in map(Path, given_paths):
+        if given.is_dir():
+            found = sorted(p for p in given.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                raise UsageError(f"{given} is a folder without {'/'.join(IMAGE_SUFFIXES)} files")
+            images += found
+        elif given.is_file():
+            images.append(given)
+        else:
+            raise UsageError(f"no such image or folder: {given}")
+    return images
