@@ -4,15 +4,25 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean
+.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean
 
-setup: $(STAMP) setup-pushgateway
+DEV_STAMP := $(VENV)/.installed-dev
+
+# What `make run` needs and nothing more: the project's venv (no apt, no services).
+setup: $(STAMP)
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install --quiet -e .
 	touch $(STAMP)
+
+# The tests' tools (pytest, ruff, moto, check-jsonschema) on top.
+setup-dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
 
 # Intel Extension for PyTorch in a venv of its own: its newest release on PyPI (2.8.0) is built for torch 2.8, older than
 # the project's torch. A suite serves from it with grid.server.venv: [.venv-ipex] (its torchserve starts the workers).
@@ -61,29 +71,34 @@ bench: build setup-numactl
 	$(BIN)/segserve bench benchmarks/grid.yaml
 
 # The reference pages and the suite's JSON Schema, generated from the code (a test fails when they are out of date).
-docs: setup
+docs: setup-dev
 	$(BIN)/python -m segserve.docs.reference
 
 # Every command in README.md and docs/ run here or named with the test that runs it (make test runs the same check
 # as a test, without `make run`, which this target runs too).
-doc-check: setup
+doc-check: setup-dev setup-postgres setup-pushgateway
 	$(BIN)/python -m segserve.docs.doccheck --full
 
-lint: setup
+lint: setup-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# make test stays under 25 minutes on 2 cores; tests marked long (minutes each) run in make test-long.
+# The tiers (docs/testing.md): tests/unit/ (no TorchServe, no weights, no archives, no server processes; ≤ 90 s),
+# tests/integration/ (a real TorchServe, archives, endpoints) and tests/system/ (whole commands). make test runs all
+# three but the tests marked long (≤ 12 minutes on 2 cores, what CI runs); those run in make test-long.
 test: lint setup-postgres setup-pushgateway
 	$(BIN)/python -m pytest -m "not long"
 
-test-long: setup
+test-unit: setup-dev
+	$(BIN)/python -m pytest tests/unit -m "not long"
+
+test-long: setup-dev setup-postgres setup-pushgateway
 	$(BIN)/python -m pytest -m long
 
 # Hostile inputs against every handler's input path, each in a child process, for 15 minutes (FUZZ_SECONDS; `make test`
 # runs a bounded 2-minute version); new crashing inputs are saved to tests/fuzz_corpus/.
 FUZZ_SECONDS ?= 900
-fuzz: setup
+fuzz: setup-dev
 	$(BIN)/python -m segserve.qa.fuzz --seconds $(FUZZ_SECONDS) --save-crashes
 
 # Under load: kill -9 a worker of every model and then the frontend, restart with `segserve serve`, rescale,
@@ -98,14 +113,14 @@ mix: build
 # On a machine with CUDA, unattended (< 5 min): the GPU tests (pinned buffers, streams and events,
 # nvJPEG decode/encode, the handlers on the device), then a short GPU benchmark that prints
 # throughput and device→host bytes per request.
-gpu-check: setup
+gpu-check: setup-dev
 	$(BIN)/python -m pytest -m gpu -v -p no:cacheprovider
 	$(BIN)/python -m segserve.gpu.check --seconds 10
 
 # The GPU check for a bare CUDA machine (no registry, no Java): gpu_bundle/run.sh and payload.tar.xz (the project,
 # the trained weights, the wheels the checks import, a Java runtime), at most 60 MiB. `gpu_bundle/run.sh --dry-run`
 # runs every step here without CUDA (docs/gpu.md).
-gpu-bundle: build
+gpu-bundle: build setup-dev
 	$(BIN)/python -m segserve.gpu.bundle build
 
 clean:

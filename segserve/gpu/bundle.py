@@ -119,7 +119,8 @@ def copy_project(destination: Path, log=print) -> None:
     weights = [ROOT / "weights" / name for name in ("seg.pt", "seg.json")]
     if not weights[0].exists():
         raise UsageError("gpu-bundle: weights/seg.pt is missing: run `make build` (it trains the model) first")
-    files = [ROOT / name for name in tracked if name and (ROOT / name).is_file()] + [w for w in weights if w.exists()]
+    # the weights are tracked (shipped); a user's own, ignored by git, go too
+    files = list(dict.fromkeys([ROOT / name for name in tracked if name and (ROOT / name).is_file()] + [w for w in weights if w.exists()]))
     log(f"project: {len(files)} files")
     for path in files:
         target = destination / path.relative_to(ROOT)
