@@ -62,7 +62,14 @@ def server(tmp_path_factory, model_store):
         instance.stop()
 
 
+TIERS = ("unit", "integration", "system")
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:  # the tier is the folder: `-m unit` is tests/unit/
+        tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
+        if tier:
+            item.add_marker(tier)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run `make gpu-check` on a GPU machine)")

@@ -1,0 +1,253 @@
+"""Exports to real HTTP endpoints on loopback, started here: S3 and CloudWatch (moto's standalone server; the code
+does not know it is not AWS) and Debian's prometheus-pushgateway; what was sent is read back through the same
+public APIs and compared with the local result folder."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import boto3
+import pytest
+
+from segserve.bench.results.export import samples
+from segserve.cli import main
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(url: str, process, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s  # moto's imports alone take seconds on busy cores
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited ({process.returncode})")
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def aws(tmp_path_factory):
+    """moto's server on a free loopback port, with fake credentials in the environment (as a user's would be)."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_for(url + "/moto-api/", process)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="module")
+def pushgateway(tmp_path_factory):
+    binary = shutil.which("prometheus-pushgateway")
+    if binary is None:
+        pytest.skip("prometheus-pushgateway is not installed and `make setup-pushgateway` could not install it (apt)")
+    port = free_port()
+    # Debian's build persists to /var/lib/prometheus/pushgateway.data by default, shared with every other one:
+    # a file of our own, so the test sees only what it pushed
+    state = tmp_path_factory.mktemp("pushgateway") / "state.data"
+    command = [binary, f"--web.listen-address=127.0.0.1:{port}", f"--persistence.file={state}"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(f"http://127.0.0.1:{port}/-/ready", process)
+        yield f"127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def record(run_id: str, batch_size: int, rps: float) -> dict:
+    return {
+        "run_id": run_id,
+        "target": "seg_jpeg",
+        "workers": 1,
+        "batch_size": batch_size,
+        "throughput_rps": rps,
+        "latency_p99_ms": 1000.0 / rps,
+        "requests_failed": 0,
+        "error": None,
+        "server_models": {
+            "seg_jpeg__seg": {"queue_ms": 5.0, "inference_ms": 20.0},
+            "seg_jpeg__jpeg": {"queue_ms": 1.0, "inference_ms": 4.0},
+        },
+        "server_stages": {"seg_jpeg__seg": {"predict_ms": 12.0, "decode_ms": 2.0, "encode_ms": 0.0}},
+        "server_processes": {"seg_jpeg__seg/11": {"cpu_pct": 80.0}, "seg_jpeg__jpeg/12": {"cpu_pct": 20.0}},
+    }
+
+
+@pytest.fixture
+def folder(tmp_path):
+    """A result folder as `segserve bench` leaves it (results/<suite>/<timestamp>/)."""
+    out = tmp_path / "results" / "quick" / "20261201T000000Z"
+    (out / "runs").mkdir(parents=True)
+    (out / "plots").mkdir()
+    records = [record("seg_jpeg-aaaa", 4, 60.0), record("seg_jpeg-bbbb", 8, 75.0)]
+    for r in records:
+        (out / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
+    (out / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (out / "summary.csv").write_text("run_id,target,workers,batch_size,throughput_rps\n")
+    (out / "report.md").write_text("# Benchmark report: quick\n")
+    (out / "plots" / "p.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
+    return out
+
+
+def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return {o["Key"]: s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read() for o in listed}
+
+
+def test_s3_gets_the_whole_folder_once_and_a_rerun_finishes_an_interrupted_upload(aws, folder, capsys):
+    s3 = boto3.client("s3", endpoint_url=aws)
+    s3.create_bucket(Bucket="results-a")
+    dest = "s3://results-a/team"
+    assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
+    assert "7 object(s) sent, 0 already there" in capsys.readouterr().out
+    local = {f"team/quick/20261201T000000Z/{p.relative_to(folder).as_posix()}": p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    sent = objects(s3, "results-a", "team/")
+    exported = [json.loads(line) for line in sent.pop("team/quick/20261201T000000Z/metrics.jsonl").decode().splitlines()]
+    assert sent == local
+    assert len(exported) == len(samples(folder))
+    node = next(x for x in exported if x["metric"] == "node_queue_ms" and x["node"] == "seg_jpeg__seg" and x["run_id"] == "seg_jpeg-aaaa")
+    assert node["value"] == 5.0 and node["unit"] == "Milliseconds" and node["suite"] == "quick"
+    head = s3.head_object(Bucket="results-a", Key="team/quick/20261201T000000Z/report.md")
+    assert head["ContentType"] == "text/markdown"
+    assert s3.head_object(Bucket="results-a", Key="team/quick/20261201T000000Z/summary.jsonl")["ContentType"] == "application/x-ndjson"
+
+    # an upload killed after some objects: the rest is sent by running the command again, nothing twice
+    s3.delete_object(Bucket="results-a", Key="team/quick/20261201T000000Z/report.md")
+    s3.delete_object(Bucket="results-a", Key="team/quick/20261201T000000Z/runs/seg_jpeg-bbbb.json")
+    (folder / "summary.csv").write_text("changed\n")
+    local["team/quick/20261201T000000Z/summary.csv"] = b"changed\n"
+    assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
+    assert "3 object(s) sent, 4 already there" in capsys.readouterr().out
+    sent = objects(s3, "results-a", "team/")
+    sent.pop("team/quick/20261201T000000Z/metrics.jsonl")
+    assert sent == local
+
+
+def test_cloudwatch_gets_every_point_and_node_metric(aws, folder, capsys):
+    assert main(["export", str(folder), "cloudwatch://segserve-test", "--endpoint-url", aws]) == 0
+    printed = capsys.readouterr().out
+    expected = samples(folder)
+    assert f"{len(expected)} metric value(s)" in printed
+    cloudwatch = boto3.client("cloudwatch", endpoint_url=aws)
+    names = {m["MetricName"] for m in cloudwatch.list_metrics(Namespace="segserve-test")["Metrics"]}
+    assert {"throughput_rps", "latency_p99_ms", "node_node_ms", "node_queue_ms", "node_handler_ms_per_request", "node_cpu_pct"} <= names
+    dimensions = [
+        {"Name": "suite", "Value": "quick"},
+        {"Name": "target", "Value": "seg_jpeg"},
+        {"Name": "run_id", "Value": "seg_jpeg-bbbb"},
+    ]
+    dimensions.append({"Name": "batch_size", "Value": "8"})
+    queries = [
+        {
+            "Id": "t",
+            "MetricStat": {
+                "Metric": {"Namespace": "segserve-test", "MetricName": "throughput_rps", "Dimensions": dimensions},
+                "Period": 60,
+                "Stat": "Maximum",
+            },
+        },
+        {
+            "Id": "n",
+            "MetricStat": {
+                "Metric": {
+                    "Namespace": "segserve-test",
+                    "MetricName": "node_node_ms",
+                    "Dimensions": [*dimensions, {"Name": "node", "Value": "seg_jpeg__seg"}],
+                },
+                "Period": 60,
+                "Stat": "Maximum",
+            },
+        },
+    ]
+    now = time.time()
+    answer = cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=now - 600, EndTime=now + 600)
+    values = {r["Id"]: r["Values"] for r in answer["MetricDataResults"]}
+    assert values == {"t": [75.0], "n": [20.0]}
+
+
+def test_pushgateway_gets_the_same_metrics_grouped_by_suite_and_run(pushgateway, folder, capsys):
+    assert main(["export", str(folder), f"pushgateway://{pushgateway}"]) == 0
+    assert "gauge(s), group suite=quick run=20261201T000000Z" in capsys.readouterr().out
+    text = urllib.request.urlopen(f"http://{pushgateway}/metrics", timeout=10).read().decode()
+    lines = [line for line in text.splitlines() if line.startswith("segserve_throughput_rps{")]
+    assert len(lines) == 2
+    line = next(line for line in lines if 'run_id="seg_jpeg-bbbb"' in line)
+    assert 'suite="quick"' in line and 'run="20261201T000000Z"' in line and 'batch_size="8"' in line and line.endswith(" 75")
+    assert any(line.startswith("segserve_node_queue_ms{") and 'node="seg_jpeg__jpeg"' in line for line in text.splitlines())
+
+
+@pytest.mark.parametrize(
+    ("dest", "message"),
+    [
+        ("s3://no-such-bucket/x", "error: --export s3://no-such-bucket/x: 404"),
+        ("cloudwatch://AWS/EC2", "error: --export cloudwatch://AWS/EC2: a namespace such as"),
+        ("ftp://somewhere", "error: --export 'ftp://somewhere': one of s3://"),
+    ],
+)
+def test_bad_destinations_are_one_error_line(aws, folder, capsys, dest, message):
+    assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_suite_with_a_bad_export_fails_before_measuring(aws, tmp_path, capsys):
+    weights = tmp_path / "w.pt"
+    weights.write_bytes(b"unused")
+    suite = tmp_path / "s.yaml"
+    suite.write_text('targets: [seg]\ninputs: [{images: ["samples/*.jpg"]}]\n')
+    args = ["bench", str(suite), "--weights", str(weights), "--results", str(tmp_path / "r"), "--endpoint-url", aws]
+    assert main([*args, "--export", "s3://missing-bucket/p"]) == 2
+    assert "error: --export s3://missing-bucket/p: 404" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_query_reads_runs_exported_to_s3(aws, folder, tmp_path, capsys):
+    """Two runs exported under one prefix are one table, with their suite and timestamp from the keys."""
+    boto3.client("s3", endpoint_url=aws).create_bucket(Bucket="results-q")
+    other = tmp_path / "results" / "grid" / "20261202T000000Z"
+    shutil.copytree(folder, other)
+    for run in (folder, other):
+        assert main(["export", str(run), "s3://results-q/shared", "--endpoint-url", aws]) == 0
+    capsys.readouterr()
+    args = ["results", "query", "s3://results-q/shared", "--endpoint-url", aws, "--where", "throughput_rps>70", "--format", "json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted((r["suite"], r["timestamp"], r["run_id"]) for r in rows) == [
+        ("grid", "20261202T000000Z", "seg_jpeg-bbbb"),
+        ("quick", "20261201T000000Z", "seg_jpeg-bbbb"),
+    ]
+    assert main(["results", "query", "s3://results-q/nothing-here", "--endpoint-url", aws]) == 2
+    assert "no exported run" in capsys.readouterr().err
+
+
+def test_a_run_given_locally_and_in_s3_is_one_run(aws, folder, capsys):
+    boto3.client("s3", endpoint_url=aws).create_bucket(Bucket="results-twice")
+    assert main(["export", str(folder), "s3://results-twice/p", "--endpoint-url", aws]) == 0
+    capsys.readouterr()
+    assert main(["results", "query", str(folder), "s3://results-twice/p", "--endpoint-url", aws, "--format", "json"]) == 0
+    assert sorted(r["run_id"] for r in json.loads(capsys.readouterr().out)) == ["seg_jpeg-aaaa", "seg_jpeg-bbbb"]

@@ -1,0 +1,124 @@
+"""A 2-point suite against a real TorchServe: every output file and column, resume and compare."""
+
+import csv
+import json
+import textwrap
+
+import pytest
+import yaml
+
+from segserve.bench.suite.columns import BASE_COLUMNS
+from segserve.cli import main
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def result_dir(tmp_path_factory, trained_weights):
+    base = tmp_path_factory.mktemp("bench")
+    suite = base / "two.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            f"""
+            targets: [jpeg, seg_jpeg]
+            inputs:
+              - images: ["{ROOT / "samples" / "shapes_0.jpg"}"]
+              - raw: {{count: 1}}
+            grid:
+              archive: {{batch_size: [4], jpeg_quality: [85]}}
+              load: {{concurrency: [2]}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            constraints: {{requests_failed: {{max: 0}}}}
+            """
+        )
+    )
+    args = ["bench", str(suite), "--results", str(base / "results"), "--weights", str(trained_weights)]
+    assert main(args) == 0
+    (folder,) = (base / "results" / "two").iterdir()
+    return folder, args
+
+
+def test_every_output_file_is_written(result_dir):
+    folder, _ = result_dir
+    runs = sorted((folder / "runs").glob("*.json"))
+    assert [p.stem.split("-")[0] for p in runs] == ["jpeg", "seg_jpeg"]
+    for name in ("summary.csv", "summary.jsonl", "report.md", "bare.json", "suite.yaml", "best/config.properties", "best/seg_jpeg.yaml"):
+        assert (folder / name).is_file(), name
+    bare = json.loads((folder / "bare.json").read_text())  # the workflow's seg node ran at batch 4
+    assert [(b["batch_size"], b["input_size"]) for b in bare] == [(4, [256, 448])]
+    assert 0 < bare[0]["throughput_min_ips"] <= bare[0]["throughput_ips"] <= bare[0]["throughput_max_ips"]
+    plots = list((folder / "plots").glob("*.png"))
+    assert plots and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in plots)
+
+
+def test_run_records_hold_parameters_environment_and_metrics(result_dir):
+    folder, _ = result_dir
+    for path in (folder / "runs").glob("*.json"):
+        record = json.loads(path.read_text())
+        assert record["error"] is None, record["error"]
+        assert record["requests_ok"] > 0 and record["requests_failed"] == 0
+        assert record["throughput_rps"] > 0 and 0 < record["latency_p50_ms"] <= record["latency_p99_ms"] <= record["latency_max_ms"]
+        assert record["server_queue_ms"] is not None and record["server_queue_ms"] >= 0
+        assert record["batch_size"] == 4 and record["jpeg_quality"] == 85 and record["concurrency"] == 2
+        assert {"cpu_model", "cpu_cores", "torch", "torchserve", "git_sha"} <= record["environment"].keys()
+        assert record["reconfigure_s"] >= 0 and record["windows"] >= 2
+
+
+def test_summary_has_the_design_columns_and_one_row_per_point(result_dir):
+    folder, _ = result_dir
+    with open(folder / "summary.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0].keys())[: len(BASE_COLUMNS)] == BASE_COLUMNS
+    assert len(rows) == 2 and {r["target"] for r in rows} == {"jpeg", "seg_jpeg"}
+    assert all(float(r["throughput_rps"]) > 0 for r in rows)
+    lines = (folder / "summary.jsonl").read_text().splitlines()
+    assert [json.loads(line)["run_id"] for line in lines] == [r["run_id"] for r in rows]
+
+
+def test_report_and_best_config(result_dir):
+    folder, _ = result_dir
+    report = (folder / "report.md").read_text()
+    assert "## Best configuration" in report and "seg_jpeg" in report
+    spec = yaml.safe_load((folder / "best" / "seg_jpeg.yaml").read_text())
+    assert spec["models"]["batch-size"] == 4 and spec["dag"] == {"seg": ["jpeg"]}
+    assert "disable_token_authorization=false" in (folder / "best" / "config.properties").read_text()
+
+
+def test_resume_skips_finished_points_and_compare_finds_no_regression(result_dir, capsys):
+    folder, args = result_dir
+    before = {p.name: p.stat().st_mtime for p in (folder / "runs").glob("*.json")}
+    assert main([*args, "--resume", str(folder)]) == 0
+    assert "resuming: 2 of 2 points already measured" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime for p in (folder / "runs").glob("*.json")} == before
+    assert main(["bench", "compare", str(folder), str(folder)]) == 0
+
+
+def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, trained_weights):
+    import zipfile
+
+    from segserve.archives.catalog import Catalog
+    from segserve.bench.run.deploy import Deployment
+    from segserve.bench.suite.plan import expand, settings_for
+    from segserve.bench.suite.spec import load_suite
+
+    catalog = Catalog(ROOT)
+    suite_path = tmp_path / "fused.yaml"
+    suite_path.write_text(
+        "targets: [seg_jpeg_fused]\ninputs:\n  - raw: {count: 1}\ngrid:\n  archive: {jpeg_quality: [70], overlap: [true]}\n"
+    )
+    suite = load_suite(suite_path, catalog)
+    (point,) = expand(suite, catalog)
+    nodes, stage, _ = settings_for(point, catalog.targets["seg_jpeg_fused"])
+    deployment = Deployment(suite, catalog, trained_weights, log=lambda _: None)
+    try:
+        archive = deployment.recipe.fused_archive(catalog.dags["seg_jpeg"], "fused-test", nodes, stage)
+        with zipfile.ZipFile(archive) as zipped:
+            jpeg_node = yaml.safe_load(zipped.read("nodes/jpeg.yaml"))["handler"]
+            assert jpeg_node["quality"] == 70
+            assert jpeg_node["overlap"] is False  # the fused worker overlaps, not its nodes
+            assert yaml.safe_load(zipped.read("MAR-INF/MANIFEST.json"))["model"]["modelName"] == "fused-test"
+            config = yaml.safe_load(zipped.read("fused-test.yaml"))
+            assert config["handler"]["overlap"] is True and config["handler"]["spec"] == "seg_jpeg.yaml"
+            assert yaml.safe_load(zipped.read("seg_jpeg.yaml"))["dag"] == {"seg": ["jpeg"]}
+            assert "nodes/seg.yaml" in zipped.namelist()
+    finally:
+        deployment.close()

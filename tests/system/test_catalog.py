@@ -1,0 +1,103 @@
+"""The catalog: every target from the project's YAML; broken workflow YAMLs refused before anything starts; and a
+new DAG, added as YAML only, built, served, predicted and benchmarked."""
+
+import json
+import shutil
+import socket
+import textwrap
+
+from segserve.cli import main
+from tests.conftest import ROOT
+
+PROJECT_PARTS = ("handlers", "model_config", "workflows", "config.properties", "samples")
+
+
+def copy_project(destination):
+    """What a user's checkout holds that the catalog and the archives read (segserve itself is installed)."""
+    for part in PROJECT_PARTS:
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, destination / part, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, destination / part)
+    return destination
+
+
+BROKEN = {
+    "missing node config": ("models: {a: {url: seg.mar}, b: {url: nothere.mar}}\ndag: {a: [b]}\n", "node 'b': no node config"),
+    "cycle": (
+        "models: {a: {url: seg.mar}, b: {url: jpeg.mar}, c: {url: jpeg.mar}}\ndag: {a: [b], b: [c], c: [b]}\n",
+        "dag: the fused pipeline does not join inputs",  # c → b makes b a join as well as a cycle
+    ),
+    "pure cycle": ("models: {a: {url: seg.mar}, b: {url: jpeg.mar}}\ndag: {a: [b], b: [a]}\n", "cycle"),
+    "join": (
+        "models: {a: {url: seg.mar}, b: {url: seg.mar}, c: {url: jpeg.mar}}\ndag: {a: [c], b: [c]}\n",
+        "node(s) with several parents: {'c': ['a', 'b']}",
+    ),
+    "missing handler": ("models: {a: {url: seg.mar}, b: {url: ghost.mar}}\ndag: {a: [b]}\n", "node 'b': its handler 'nope'"),
+    "not a list": ("models: {a: {url: seg.mar}, b: {url: jpeg.mar}}\ndag: {a: b}\n", "each node maps to a list of node names"),
+    "wrong input": (
+        "models: {a: {url: seg.mar}, b: {url: seg.mar}}\ndag: {a: [b]}\n",
+        "node 'b' takes image but its parent 'a' gives class_map",
+    ),
+}
+
+
+def free_port_base() -> int:
+    """Five free consecutive loopback ports (HTTP APIs and gRPC)."""
+    for base in range(23000, 60000, 97):
+        sockets = []
+        try:
+            for port in range(base, base + 5):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError("no free ports")
+
+
+def test_a_new_dag_is_yaml_only_and_is_built_served_predicted_and_benchmarked(tmp_path, monkeypatch, trained_weights, capsys):
+    project = copy_project(tmp_path / "project")
+    (project / "workflows" / "seg_areas.yaml").write_text(
+        "models:\n  min-workers: 1\n  max-workers: 1\n  batch-size: 4\n  max-batch-delay: 5\n  timeout-ms: 120000\n"
+        "  seg: {url: seg.mar}\n  areas: {url: areas.mar}\ndag:\n  seg: [areas]\n"
+    )
+    monkeypatch.chdir(project)
+    store, run_dir, weights = project / "model_store", project / ".segserve", str(trained_weights)
+    assert main(["build", "--model-store", str(store), "--weights", weights]) == 0
+    assert {"seg_areas.war", "seg_areas_fused.mar"} <= {p.name for p in store.iterdir()}
+    common = ["--model-store", str(store), "--run-dir", str(run_dir)]
+    assert main(["serve", *common, "--targets", "seg_areas,seg_areas_fused", "--port-base", str(free_port_base())]) == 0
+    try:
+        for target in ("seg_areas", "seg_areas_fused"):
+            out = tmp_path / target
+            assert main(["predict", str(project / "samples" / "shapes_0.jpg"), *common, "--target", target, "--out", str(out)]) == 0
+            answer = json.loads((out / "shapes_0.json").read_text())
+            height, width = answer["map_size"]
+            assert sum(answer["pixels"]) == height * width and answer["boxes"], answer
+        workflow, fused = (json.loads((tmp_path / t / "shapes_0.json").read_text()) for t in ("seg_areas", "seg_areas_fused"))
+        assert workflow == fused  # the same DAG in one worker answers the same
+    finally:
+        assert main(["serve", *common, "--stop"]) == 0
+    suite = project / "areas.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            f"""
+            targets: [seg_areas, seg_areas_fused]
+            inputs: [{{images: ["{project / "samples" / "shapes_0.jpg"}"]}}]
+            grid: {{load: {{concurrency: [2]}}}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            """
+        )
+    )
+    assert main(["bench", str(suite), "--results", str(tmp_path / "results"), "--weights", weights]) == 0
+    (folder,) = (tmp_path / "results" / "areas").iterdir()
+    rows = [json.loads(line) for line in (folder / "summary.jsonl").read_text().splitlines()]
+    assert [r["target"] for r in rows] == ["seg_areas", "seg_areas_fused"]
+    assert all(r["error"] is None and r["requests_ok"] > 0 and r["requests_failed"] == 0 for r in rows), rows
+    assert (folder / "best" / "seg_areas.yaml").is_file()

@@ -1,0 +1,53 @@
+"""The GPU bundle (make gpu-bundle): built here, under its size limit, and its run.sh run as a dry run without CUDA;
+the summary's goals computed from a GPU run's numbers."""
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+
+from segserve.gpu.bundle import BUNDLE_LIMIT_BYTES, build_bundle
+
+STEPS = ["unpack", "facts", "venv", "gpu_tests", "build", "serve", "bench", "summary"]
+
+
+def test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step(tmp_path, trained_weights):
+    size = build_bundle(tmp_path / "gpu_bundle", log=lambda _: None)
+    assert size <= BUNDLE_LIMIT_BYTES
+    assert sorted(p.name for p in (tmp_path / "gpu_bundle").iterdir()) == ["payload.tar.xz", "run.sh"]
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "WORK": str(tmp_path / "work")}
+    script = tmp_path / "gpu_bundle" / "run.sh"
+    run = subprocess.run([str(script), "--dry-run"], env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    # the summary is written by the last step: every step before it passed
+    assert [(s["step"], s["rc"]) for s in summary["steps"]] == [(name, 0) for name in STEPS[:-1]]
+    assert summary["facts"]["dry_run"] is True and summary["facts"]["cuda"] is False
+    assert summary["facts"]["java"].startswith("openjdk version")  # the bundle's own Java runtime served
+    tests = summary["gpu_tests"]
+    assert tests["ran"] and tests["passed"] == tests["failed"] == 0 and tests["skipped"] >= 5
+    assert all("needs CUDA" in reason for reason in tests["skip_reasons"])
+    for target in ("seg_jpeg", "seg_jpeg_fused"):
+        assert summary["serve"]["targets"][target]["jpegs"] == summary["serve"]["targets"][target]["sent"] > 0
+    bench = summary["benchmark"]["targets"]
+    assert sorted(bench) == ["jpeg", "seg", "seg_jpeg", "seg_jpeg_fused"]
+    assert all(t["throughput_rps"] > 0 and t["requests_failed"] == 0 and t["precision"] == "fp32" for t in bench.values())
+    text = (out / "summary.txt").read_text()
+    assert text.startswith("segserve GPU check: DRY RUN (no CUDA)\n")
+    assert run.stdout.endswith(text)  # run.sh ends by printing the summary
+    # what the device tool brings back: at most 8 files, none in a subfolder
+    assert all(p.is_file() for p in out.iterdir()) and len(list(out.iterdir())) <= 8
+
+    # a run out of time: the step that overruns is stopped with its TorchServe, the rest skipped, the summary written
+    late, work = tmp_path / "late", tmp_path / "late-work"
+    env.update(OUT=str(late), WORK=str(work), DEADLINE_S="95")  # 35 s for the steps: serve or bench overruns
+    run = subprocess.run([str(script), "--dry-run"], env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert run.returncode == 1
+    steps = {s["step"]: s["rc"] for s in json.loads((late / "summary.json").read_text())["steps"]}
+    assert steps["bench"] == 124 and steps["unpack"] == 0
+    assert (late / "summary.txt").read_text().startswith("segserve GPU check: DRY RUN")
+    leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if str(work) in " ".join(p.info["cmdline"] or [])]
+    assert leftovers == []

@@ -1,0 +1,58 @@
+"""The `segserve` command as a user runs it."""
+
+from segserve.cli import main
+from tests.conftest import ROOT
+
+
+def test_missing_image_is_a_usage_error(tmp_path, capsys):
+    assert main(["predict", str(tmp_path / "nope.jpg"), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: no such image or folder:")
+
+
+def test_a_folder_without_images_is_a_usage_error(tmp_path, capsys):
+    assert main(["predict", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path} is a folder without .jpg/.jpeg/.png files"
+
+
+def test_build_with_missing_weights_is_a_usage_error(tmp_path, capsys):
+    assert main(["build", "--weights", str(tmp_path / "mine.pt"), "--model-store", str(tmp_path)]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_instances_started_at_once_are_handed_different_ports_and_worker_ranges():
+    # `bench ab` starts two TorchServes in two threads: each binds its ports only after both have chosen them
+    from concurrent.futures import ThreadPoolExecutor
+
+    from segserve.serving.ts_config import free_worker_port_base, loopback_ports
+
+    with ThreadPoolExecutor(4) as pool:
+        chosen = list(pool.map(lambda _: (loopback_ports(None), free_worker_port_base()), range(4)))
+    ports = [value.rsplit(":", 1)[-1] for addresses, _ in chosen for value in addresses.values()]
+    assert len(ports) == len(set(ports)) == 20
+    assert len({base for _, base in chosen}) == 4
+
+
+def test_a_worker_range_another_live_process_claimed_is_not_handed_out(monkeypatch):
+    """Two bench processes (a shared study) start servers at once: a range whose server has no sockets yet is
+    still taken while the process that chose it lives."""
+    import os
+    import subprocess
+    import sys
+
+    from segserve.serving import ts_config
+
+    other = subprocess.Popen(
+        [sys.executable, "-c", "from segserve.serving.ts_config import free_worker_port_base as f; print(f(), flush=True); input()"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = int(other.stdout.readline())
+        monkeypatch.setattr(os, "getpid", lambda: other.pid)  # start the search where the other process did
+        monkeypatch.setattr(ts_config, "_HANDED_OUT_WORKER_BASES", set())
+        ours = ts_config.free_worker_port_base()
+        assert ours != theirs, theirs
+    finally:
+        other.communicate("\n", timeout=30)

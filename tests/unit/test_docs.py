@@ -1,0 +1,75 @@
+"""The docs cannot drift (#18): generated pages match the code, every suite names its JSON Schema and an editor's
+validator flags a typo with it, and every documented command is run here or by a named test."""
+
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+from segserve.docs import doccheck
+from segserve.docs import reference as docs
+from tests.conftest import ROOT
+
+
+def test_generated_reference_pages_and_the_schema_are_up_to_date():
+    assert docs.out_of_date() == [], "run `make docs`"
+
+
+def test_the_cli_reference_names_every_command_and_the_suite_reference_every_phase_key():
+    cli, suite = docs.cli_reference(), docs.suite_reference()
+    for command in ("train", "build", "serve", "predict", "bench", "optimize", "profile", "autoscale", "export", "results"):
+        assert f"## segserve {command}\n" in cli
+    for key in ("load.phases[].duration_s", "grid.runtime.autoscale", "autoscaler.min_interval_s", "inputs[].synthetic.height"):
+        assert f"| `{key}` |" in suite, key
+    assert "| `load.warmup_s` | number (≥ 0) | `2.0` | seconds |" in suite
+
+
+def test_every_suite_starts_with_the_schema_comment_and_validates_against_the_schema():
+    validator = shutil.which("check-jsonschema", path=str(ROOT / ".venv" / "bin")) or shutil.which("check-jsonschema")
+    suites = sorted((ROOT / "benchmarks").glob("*.yaml"))
+    assert suites
+    for suite in suites:
+        assert suite.read_text().splitlines()[0] == docs.SCHEMA_COMMENT, suite
+        assert isinstance(yaml.safe_load(suite.read_text()), dict)
+    done = subprocess.run([validator, "--schemafile", str(ROOT / docs.SCHEMA_FILE), *map(str, suites)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_typo_in_a_suite_is_flagged_by_a_json_schema_validator(tmp_path):
+    validator = shutil.which("check-jsonschema", path=str(ROOT / ".venv" / "bin")) or shutil.which("check-jsonschema")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text('targets: [seg_jpeg]\ninputs:\n  - images: ["samples/*.jpg"]\ngrid:\n  archive: {batch_sise: [8]}\n')
+    done = subprocess.run([validator, "--schemafile", str(ROOT / docs.SCHEMA_FILE), str(typo)], capture_output=True, text=True)
+    assert done.returncode == 1 and "'batch_sise' was unexpected" in done.stdout, done.stdout
+
+
+def test_bench_schema_prints_the_committed_schema():
+    done = subprocess.run([sys.executable, "-m", "segserve.cli", "bench", "schema"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == (ROOT / docs.SCHEMA_FILE).read_text()
+
+
+def test_a_command_without_a_rule_and_a_rule_naming_a_missing_test_are_found(tmp_path, monkeypatch):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("```bash\n.venv/bin/segserve frobnicate --now   # new\nmake test\n```\n")
+    found = doccheck.commands(tmp_path)
+    assert [c.text for c in found] == [".venv/bin/segserve frobnicate --now", "make test"]
+    assert doccheck.rule_for(found[0])[0] == "none" and doccheck.rule_for(found[1])[0] == "ci"
+    monkeypatch.setattr(doccheck, "RULES", [("x", "test", "tests/test_docs.py::test_that_does_not_exist")])
+    assert doccheck.missing_tests() == ["tests/test_docs.py::test_that_does_not_exist"]
+
+
+def test_a_walkthrough_runs_on_its_own_ports_and_run_folder(tmp_path):
+    script = doccheck.walkthrough_script(
+        [
+            ".venv/bin/segserve serve",
+            "TOKEN=$(.venv/bin/segserve token)",
+            "curl http://127.0.0.1:8080/ping",
+            ".venv/bin/segserve serve --stop",
+        ],
+        tmp_path,
+        18500,
+    )
+    assert f"TOKEN=$(.venv/bin/segserve token --run-dir {tmp_path})" in script
+    assert f".venv/bin/segserve serve --run-dir {tmp_path} --port-base 18500\n" in script
+    assert "curl http://127.0.0.1:18500/ping" in script and f"serve --run-dir {tmp_path} --stop\n" in script

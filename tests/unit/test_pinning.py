@@ -1,0 +1,117 @@
+"""Core plans: validation, and a real TorchServe whose workers pin themselves to their model's slots;
+without a plan, workers of a model share its cores."""
+
+import multiprocessing
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from handlers.pinning import WORKERS_DIR, SharedCores, count_live_workers, register_worker
+from segserve.errors import UsageError
+from segserve.serving.cores import load_plan
+from segserve.serving.launch import served_targets, start_pipeline
+from segserve.serving.server import TorchServe
+from tests.conftest import ROOT
+
+PLAN = ROOT / "core_plan.yaml"  # frontend + seg_jpeg__jpeg on core 0, seg_jpeg__seg on core 1
+needs_two_cores = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1"
+)
+
+
+def test_plans_with_overlapping_or_missing_cores_are_refused(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("frontend: [0]\nmodels:\n  a: {cores: [0]}\n  b: {cores: [0]}\n")
+    with pytest.raises(UsageError, match="core 0 is given to both a and b"):
+        load_plan(plan)
+    plan.write_text("frontend: [0]\nmodels:\n  a: {cores: [4096]}\n")
+    with pytest.raises(UsageError, match=r"a: cores \[4096\] are not available here"):
+        load_plan(plan)
+    plan.write_text("frontend: [0]\nmodels:\n  a: {cores: [0], slot_cores: 2}\n")
+    with pytest.raises(UsageError, match="1 cores do not split into slots of 2"):
+        load_plan(plan)
+    plan.write_text("frontend: [0]\nmodel: {}\n")
+    with pytest.raises(UsageError, match="model: Extra inputs are not permitted"):
+        load_plan(plan)
+
+
+@pytest.fixture(scope="module")
+def pinned(tmp_path_factory, model_store):
+    server = TorchServe(tmp_path_factory.mktemp("pinned"), model_store, ROOT / "config.properties", free_ports=True, core_plan=PLAN)
+    start_pipeline(server, served_targets(None), log=lambda _: None)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# Without a core plan: threads × live workers ≤ cores ------------------------------------------------------
+def hold_worker_lock(directory: str, ready) -> None:
+    register_worker(Path(directory))
+    ready.set()
+    time.sleep(120)  # until the test ends it
+
+
+def test_live_workers_are_the_lock_files_held_and_a_killed_holders_file_is_removed(tmp_path):
+    fork = multiprocessing.get_context("fork")  # children only flock a file: no need to re-import torch
+    holders = []
+    threads_before = torch.get_num_threads()
+    try:
+        for _ in range(3):
+            ready = fork.Event()
+            holders.append(fork.Process(target=hold_worker_lock, args=(str(tmp_path), ready), daemon=True))
+            holders[-1].start()
+            assert ready.wait(30)
+        assert count_live_workers(tmp_path) == 3
+        shared = SharedCores("m", directory=tmp_path)  # this process registers too: 4 live workers
+        assert shared.threads == max(1, len(os.sched_getaffinity(0)) // 4)
+        holders[0].kill()
+        holders[0].join(10)
+        stale = tmp_path / f"{holders[0].pid}.lock"
+        assert stale.exists()  # the kernel dropped the lock; the file stays until someone counts
+        assert count_live_workers(tmp_path) == 3
+        assert not stale.exists()
+        for child in holders[1:]:
+            child.terminate()
+            child.join(10)
+        shared.counted_at = -float("inf")
+        assert shared.refresh() == len(os.sched_getaffinity(0))  # alone again: every core
+        assert (tmp_path / f"{os.getpid()}.lock").read_text() == f"{shared.threads}\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"{os.getpid()}.lock"]
+    finally:
+        for child in holders:
+            child.kill()
+            child.join(10)
+        torch.set_num_threads(threads_before)
+
+
+@pytest.fixture(scope="module")
+def unplanned(tmp_path_factory, model_store):
+    """TorchServe without a core plan or thread settings, `seg` with 2 workers."""
+    server = TorchServe(tmp_path_factory.mktemp("unplanned"), model_store, ROOT / "config.properties", free_ports=True)
+    with pytest.MonkeyPatch.context() as env:  # workers inherit the frontend's environment
+        for name in ("OMP_NUM_THREADS", "SEGSERVE_THREADS", "SEGSERVE_CORE_PLAN"):
+            env.delenv(name, raising=False)
+        server.start(log=lambda _: None)
+    try:
+        server.register_model("seg.mar", "seg", log=lambda _: None)
+        server.scale("seg", 2)  # the archive's model config caps workers at registration
+        server.wait_ready("seg")
+        yield server
+    finally:
+        server.stop()
+
+
+def workers_dir(server, model: str) -> Path:
+    """Where a server's workers of `model` hold their locks: its TMPDIR, its process group (the launcher's pid)."""
+    return server.run_dir / "tmp" / WORKERS_DIR / str(server.running_pid()) / model
+
+
+def worker_threads(server, model: str) -> dict[int, str]:
+    """pid → the thread count each live worker wrote into its lock file."""
+    pids = [int(w["pid"]) for w in server.describe(model)["workers"] if int(w.get("pid") or -1) > 0]
+    directory = workers_dir(server, model)
+    return {pid: (directory / f"{pid}.lock").read_text().strip() for pid in pids}

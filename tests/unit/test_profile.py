@@ -1,0 +1,32 @@
+"""`segserve profile` against a real TorchServe: py-spy from outside every worker, a torch.profiler trace per node."""
+
+from segserve.bench.run.profiler import handler_costs, top_functions
+from segserve.cli import main
+
+
+def test_top_functions_count_own_and_total_samples_per_function(tmp_path):
+    raw = tmp_path / "w.txt"
+    raw.write_text(
+        "main (a.py:1);forward (b.py:2);conv (c.py:3) 4\nmain (a.py:1);forward (b.py:2);conv (c.py:9) 2\n"
+        "main (a.py:1);encode (d.py:4) 3\nmain (a.py:1) 1\n"
+    )
+    rows = {r["function"]: r for r in top_functions([raw])}
+    assert rows["conv (c.py)"]["self_pct"] == 60.0 and rows["conv (c.py)"]["total_pct"] == 60.0  # its two lines together
+    assert rows["main (a.py)"]["self_pct"] == 10.0 and rows["main (a.py)"]["total_pct"] == 100.0
+    assert list(rows)[0] == "conv (c.py)"
+
+
+def test_handler_costs_name_the_innermost_handler_frame(tmp_path):
+    raw = tmp_path / "w.txt"
+    raw.write_text(
+        "loop (ts/x.py:1);handle (handlers/base.py:5);fill (handlers/segmentation.py:7);interpolate (torch/f.py:2) 3\n"
+        "loop (ts/x.py:1);handle (handlers/base.py:5);encode (handlers/jpeg.py:9);__call__ (torch/_ops.py:1) 1\n"
+        "loop (ts/x.py:1);recv (ts/y.py:3) 1\n"
+    )
+    rows = {r["function"]: r["pct"] for r in handler_costs([raw])}
+    assert rows == {"fill (handlers/segmentation.py)": 60.0, "encode (handlers/jpeg.py)": 20.0, "outside handlers: recv (ts/y.py)": 20.0}
+
+
+def test_profile_without_a_running_server_says_how_to_start_one(tmp_path, capsys):
+    assert main(["profile", "seg_jpeg_fused", "--run-dir", str(tmp_path / "nothing"), "--seconds", "1"]) == 1
+    assert "segserve serve --targets seg_jpeg_fused" in capsys.readouterr().err
