@@ -146,7 +146,7 @@ step venv 120 make_venv
 # the interpreter's own pytest plugins (xdist, cov, benchmark…) stay out: they may not fit the bundle's pytest
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 step gpu_tests 150 in_project python -m pytest -m gpu -v -p no:cacheprovider --junitxml="$WORK/gpu_tests.xml" \
-  tests/test_handlers.py tests/test_batching.py
+  tests/unit/test_handlers.py tests/unit/test_batching.py tests/integration/test_handlers.py
 step build 120 in_project python -m segserve.cli build
 step serve 150 in_project python -m segserve.gpu.summary serve "$WORK/serve.json"
 step bench 300 in_project python -m segserve.gpu.summary bench "$WORK/results"
