@@ -9,7 +9,7 @@ from ts.context import Context, RequestProcessor
 from handlers.segnet import SegNet
 from segserve.archives.build import build, ensure_weights
 from segserve.model.worker_context import worker_context
-from segserve.serving.launch import served_targets, start_pipeline
+from segserve.serving.launch import check_archives, register, served_targets
 from segserve.serving.server import TorchServe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,11 +55,11 @@ def server(tmp_path_factory, model_store):
     instance = TorchServe(
         run_dir=tmp_path_factory.mktemp("ts"), model_store=model_store, config_template=ROOT / "config.properties", free_ports=True
     )
-    start_pipeline(instance, served_targets(None))
-    try:
+    targets = served_targets(None)
+    check_archives(instance, targets)
+    with instance:  # stopped by process id however the session ends
+        register(instance, targets)
         yield instance
-    finally:
-        instance.stop()
 
 
 TIERS = ("unit", "integration", "system")
