@@ -185,9 +185,10 @@ def test_a_start_that_never_logged_says_why(tmp_path, monkeypatch):
     """The output capture that starts TorchServe failing before anything logs (segserve not importable where it
     runs, say): its error is the reason given (it used to be an empty one)."""
     shadow = tmp_path / "shadow" / "segserve"  # a segserve that cannot start the capture, first on the path
-    shadow.mkdir(parents=True)
+    (shadow / "serving").mkdir(parents=True)
     (shadow / "__init__.py").write_text("")
-    (shadow / "processes.py").write_text("raise ImportError('the capture cannot start (on purpose)')\n")
+    (shadow / "serving" / "__init__.py").write_text("")
+    (shadow / "serving" / "processes.py").write_text("raise ImportError('the capture cannot start (on purpose)')\n")
     monkeypatch.setenv("PYTHONPATH", str(shadow.parent))
     server = TorchServe(tmp_path / "run", tmp_path, CONFIG, free_ports=True)
     with pytest.raises(RuntimeFailure) as failure:
