@@ -214,6 +214,25 @@ def run_walkthrough(command_block: list[str], log) -> str | None:
     return None
 
 
+def in_process(args: list[str]) -> tuple[int, str, str]:
+    """`segserve ARGS` through the CLI's own main in this process, from the checkout: (exit code, stdout, stderr).
+    The documented dry runs share one interpreter (each used to start its own and import torch again, ~5 s apiece)."""
+    import contextlib
+    import io
+    import signal
+
+    from segserve.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    handler = signal.getsignal(signal.SIGTERM)  # main sets its own
+    try:
+        with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    return code, out.getvalue(), err.getvalue()
+
+
 def check(run_servers: bool = True, full: bool = False, log=print) -> list[str]:
     found = commands()
     problems = [f"{c.file}: `{c.text}`: {detail}" for c in found for how, detail in [rule_for(c)] if how == "none"]
@@ -221,13 +240,13 @@ def check(run_servers: bool = True, full: bool = False, log=print) -> list[str]:
     suites = sorted({m.group(1) for c in found if (m := re.search(r"segserve bench (benchmarks/\S+\.yaml)", c.text))})
     for suite in suites:
         log(f"$ segserve bench {suite} --dry-run")
-        done = subprocess.run([SEGSERVE, "bench", suite, "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            problems.append(f"segserve bench {suite} --dry-run: {done.stderr.strip()[-300:]}")
+        code, _, err = in_process(["bench", suite, "--dry-run"])
+        if code != 0:
+            problems.append(f"segserve bench {suite} --dry-run: {err.strip()[-300:]}")
     log("$ segserve bench schema")
-    done = subprocess.run([SEGSERVE, "bench", "schema"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0 or '"title": "segserve benchmark suite"' not in done.stdout:
-        problems.append(f"segserve bench schema: exit {done.returncode}")
+    code, out, _ = in_process(["bench", "schema"])
+    if code != 0 or '"title": "segserve benchmark suite"' not in out:
+        problems.append(f"segserve bench schema: exit {code}")
     if run_servers:
         blocks: dict[tuple[str, int], list[str]] = {}
         for c in found:

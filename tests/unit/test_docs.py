@@ -73,3 +73,10 @@ def test_a_walkthrough_runs_on_its_own_ports_and_run_folder(tmp_path):
     assert f"TOKEN=$(.venv/bin/segserve token --run-dir {tmp_path})" in script
     assert f".venv/bin/segserve serve --run-dir {tmp_path} --port-base 18500\n" in script
     assert "curl http://127.0.0.1:18500/ping" in script and f"serve --run-dir {tmp_path} --stop\n" in script
+
+
+def test_a_documented_suite_whose_dry_run_fails_is_reported_with_its_error(monkeypatch):
+    broken = doccheck.Command("docs/x.md", 0, ".venv/bin/segserve bench benchmarks/missing.yaml")
+    monkeypatch.setattr(doccheck, "commands", lambda root=ROOT: [broken])
+    problems = doccheck.check(run_servers=False, log=lambda _: None)
+    assert len(problems) == 1 and problems[0].startswith("segserve bench benchmarks/missing.yaml --dry-run: error: ")
