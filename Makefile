@@ -11,18 +11,18 @@ DEV_STAMP := $(VENV)/.installed-dev
 # What `make run` needs and nothing more: the project's venv (no apt, no services).
 setup: $(STAMP)
 
-# --no-compile: byte-compiling every file of torch at install took ~25 s of the ~2 min to the first JPEG; Python
-# compiles what it imports when it first imports it.
+# Byte-compiled at install (pip's default), not at first import: where PYTHONDONTWRITEBYTECODE is set (as on the
+# development machines) an uncompiled torch is parsed again by every process that imports it.
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --no-compile -e .
+	$(BIN)/pip install --quiet -e .
 	touch $(STAMP)
 
 # The tests' tools (pytest, ruff, moto, check-jsonschema) on top.
 setup-dev: $(DEV_STAMP)
 
 $(DEV_STAMP): $(STAMP)
-	$(BIN)/pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(DEV_STAMP)
 
 # Intel Extension for PyTorch in a venv of its own: its newest release on PyPI (2.8.0) is built for torch 2.8, older than
