@@ -5,7 +5,6 @@ public APIs and compared with the local result folder."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,25 +15,7 @@ import pytest
 
 from segserve.bench.results.export import samples
 from segserve.cli import main
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for(url: str, process, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s  # moto's imports alone take seconds on busy cores
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited ({process.returncode})")
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
+from tests.unit.test_export import folder, free_port, pushgateway, record, wait_for  # noqa: F401 (fixtures among them)
 
 
 @pytest.fixture(scope="module")
@@ -58,60 +39,6 @@ def aws(tmp_path_factory):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-@pytest.fixture(scope="module")
-def pushgateway(tmp_path_factory):
-    binary = shutil.which("prometheus-pushgateway")
-    if binary is None:
-        pytest.skip("prometheus-pushgateway is not installed and `make setup-pushgateway` could not install it (apt)")
-    port = free_port()
-    # Debian's build persists to /var/lib/prometheus/pushgateway.data by default, shared with every other one:
-    # a file of our own, so the test sees only what it pushed
-    state = tmp_path_factory.mktemp("pushgateway") / "state.data"
-    command = [binary, f"--web.listen-address=127.0.0.1:{port}", f"--persistence.file={state}"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(f"http://127.0.0.1:{port}/-/ready", process)
-        yield f"127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-
-
-def record(run_id: str, batch_size: int, rps: float) -> dict:
-    return {
-        "run_id": run_id,
-        "target": "seg_jpeg",
-        "workers": 1,
-        "batch_size": batch_size,
-        "throughput_rps": rps,
-        "latency_p99_ms": 1000.0 / rps,
-        "requests_failed": 0,
-        "error": None,
-        "server_models": {
-            "seg_jpeg__seg": {"queue_ms": 5.0, "inference_ms": 20.0},
-            "seg_jpeg__jpeg": {"queue_ms": 1.0, "inference_ms": 4.0},
-        },
-        "server_stages": {"seg_jpeg__seg": {"predict_ms": 12.0, "decode_ms": 2.0, "encode_ms": 0.0}},
-        "server_processes": {"seg_jpeg__seg/11": {"cpu_pct": 80.0}, "seg_jpeg__jpeg/12": {"cpu_pct": 20.0}},
-    }
-
-
-@pytest.fixture
-def folder(tmp_path):
-    """A result folder as `segserve bench` leaves it (results/<suite>/<timestamp>/)."""
-    out = tmp_path / "results" / "quick" / "20261201T000000Z"
-    (out / "runs").mkdir(parents=True)
-    (out / "plots").mkdir()
-    records = [record("seg_jpeg-aaaa", 4, 60.0), record("seg_jpeg-bbbb", 8, 75.0)]
-    for r in records:
-        (out / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
-    (out / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    (out / "summary.csv").write_text("run_id,target,workers,batch_size,throughput_rps\n")
-    (out / "report.md").write_text("# Benchmark report: quick\n")
-    (out / "plots" / "p.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
-    return out
 
 
 def objects(s3, bucket: str, prefix: str) -> dict[str, bytes]:

@@ -1,21 +1,11 @@
 """The fuzzer (segserve/qa/fuzz.py): its harness sees crashes, hangs and 500s; the saved corpus replays clean;
 a bounded run over every handler's input path finds nothing. `make fuzz` runs it longer."""
 
-import struct
-
 import pytest
 
 from segserve.qa.fuzz import CORPUS, TARGETS, Harness, read_corpus
 from segserve.qa.fuzz_inputs import Input, InputSource
-
-FUZZ_SECONDS = 90  # shared evenly by the four targets
-CORPUS_INPUTS = [(target, item) for target in TARGETS for item in read_corpus(CORPUS, target)]
-
-
-@pytest.fixture(scope="module")
-def harness():
-    with Harness(list(TARGETS)) as instance:
-        yield instance
+from tests.unit.test_fuzz import CORPUS_INPUTS, JPEG, NAN_RAW, harness  # noqa: F401 (fixtures among them)
 
 
 def test_the_harness_reports_a_crash_a_hang_and_a_500_and_serves_on_after_each():
@@ -33,10 +23,6 @@ def test_the_harness_reports_a_crash_a_hang_and_a_500_and_serves_on_after_each()
         assert check(b"raise").symptom == "handle() raised RuntimeError (TorchServe: 500 for the whole batch)"
         assert check(b"500").symptom == "status 500 for the fuzzed row"
         assert check(b"ok") is None
-
-
-JPEG = b"\xff\xd8 a jpeg \xff\xd9"
-NAN_RAW = struct.pack("<e", float("nan")) * 4  # a raw tensor body of 8 bytes, for raw_nbytes=8
 
 
 @pytest.mark.parametrize("target, item", CORPUS_INPUTS, ids=[item.description.split(":")[0] for _, item in CORPUS_INPUTS])

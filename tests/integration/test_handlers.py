@@ -5,42 +5,10 @@ import types
 import pytest
 import torch
 import yaml
-from torchvision.io import encode_jpeg, encode_png
 
-from handlers.jpeg import JpegHandler
 from handlers.segmentation import SegmentationHandler
-from segserve.model.synthetic import make_sample
-from tests.conftest import make_context, status_of, with_rows
-
-RAW_FP16_BYTES = 3 * 256 * 448 * 2  # the seed's body: FP16 [3, 256, 448]
-
-
-@pytest.fixture(scope="module")
-def seg(tiny_weights):
-    handler = SegmentationHandler()
-    handler.initialize(make_context(tiny_weights.parent, {"max_image_pixels": 2_000_000}, tiny_weights.name))
-    return handler
-
-
-@pytest.fixture(scope="module")
-def jpeg(tmp_path_factory):
-    handler = JpegHandler()
-    handler.initialize(make_context(tmp_path_factory.mktemp("jpeg"), {"quality": 95, "palette": [[0, 0, 0], [255, 255, 255]]}))
-    return handler
-
-
-def jpeg_bytes(height=256, width=448, seed=1) -> bytes:
-    return encode_jpeg(make_sample(seed, height, width)[0], quality=90).numpy().tobytes()
-
-
-def png_bytes(height=100, width=150, seed=2) -> bytes:
-    return encode_png(make_sample(seed, height, width)[0]).numpy().tobytes()
-
-
-def run(handler, bodies):
-    context = with_rows(make_context(None, {}), len(bodies))
-    out = handler.handle([{"body": b} for b in bodies], context)
-    return out, context
+from tests.conftest import make_context, status_of
+from tests.unit.test_handlers import RAW_FP16_BYTES, jpeg, jpeg_bytes, png_bytes, run, seg  # noqa: F401 (fixtures among them)
 
 
 def test_torchscript_and_state_dict_give_the_same_labels(tmp_path, tiny_weights, seg):

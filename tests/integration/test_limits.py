@@ -20,15 +20,8 @@ from handlers.jpeg import JpegHandler
 from handlers.pipeline import PipelineHandler
 from handlers.segmentation import SegmentationHandler
 from segserve.model.synthetic import make_sample
-from tests.conftest import make_context, status_of, with_rows
-
-RAW_SHAPE = (3, 256, 448)
-
-
-def run(handler, bodies):
-    context = with_rows(make_context(None, {}), len(bodies))
-    out = handler.handle([{"body": b} for b in bodies], context)
-    return out, [status_of(context, i) for i in range(len(bodies))]
+from tests.conftest import make_context
+from tests.unit.test_limits import RAW_SHAPE, run  # noqa: F401 (fixtures among them)
 
 
 def png_of(height: int, width: int) -> bytes:

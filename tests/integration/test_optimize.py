@@ -14,8 +14,7 @@ from segserve.model.quantize import quantize_int8
 from segserve.model.synthetic import make_sample
 from segserve.model.worker_context import worker_context
 from tests.conftest import ROOT
-
-SMALL = {"input_height": 64, "input_width": 96}
+from tests.unit.test_optimize import SMALL  # noqa: F401 (fixtures among them)
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,16 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from handlers.pinning import WORKERS_DIR
 from segserve.serving.cores import live_affinity
 from segserve.serving.http import request
 from segserve.serving.launch import served_targets, start_pipeline
 from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
+from tests.unit.test_pinning import PLAN, workers_dir  # noqa: F401 (fixtures among them)
 
-PLAN = ROOT / "core_plan.yaml"  # frontend + seg_jpeg__jpeg on core 0, seg_jpeg__seg on core 1
 needs_two_cores = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1"
 )
@@ -98,11 +96,6 @@ def unplanned(tmp_path_factory, model_store):
         yield server
     finally:
         server.stop()
-
-
-def workers_dir(server, model: str) -> Path:
-    """Where a server's workers of `model` hold their locks: its TMPDIR, its process group (the launcher's pid)."""
-    return server.run_dir / "tmp" / WORKERS_DIR / str(server.running_pid()) / model
 
 
 def worker_threads(server, model: str) -> dict[int, str]:

@@ -3,44 +3,8 @@
 import pytest
 
 from segserve.bench.search import make_strategy
-from segserve.bench.suite.plan import Point
 from segserve.bench.suite.spec import Budget
-
-BATCHES = [1, 2, 4, 8, 16, 32]
-DELAYS = [0, 5, 10, 20, 50]
-WORKERS = [1, 2, 3, 4]
-
-
-def point(target: str, batch: int, delay: int, workers: int, concurrency: int = 16, workers_name: str = "workers") -> Point:
-    archive = (("batch_size", batch), ("max_batch_delay_ms", delay))
-    return Point(target, (), archive, ((workers_name, workers),), (("concurrency", concurrency),))
-
-
-def space(target: str = "seg_jpeg") -> list[Point]:
-    return [point(target, b, d, w) for b in BATCHES for d in DELAYS for w in WORKERS]
-
-
-def throughput(p: Point) -> float:
-    """One best point (batch 8, delay 10, 2 workers), falling off smoothly in every direction."""
-    params = p.params
-    return (
-        100.0
-        - 6 * abs(BATCHES.index(params["batch_size"]) - 3)
-        - 4 * abs(DELAYS.index(params["max_batch_delay_ms"]) - 2)
-        - 9 * abs(WORKERS.index(params.get("workers", params.get("seg_workers", 1))) - 1)
-    )
-
-
-def record(p: Point) -> dict:
-    return {"run_id": p.run_id, "target": p.target, "throughput_rps": throughput(p), "latency_p99_ms": 1000.0 / throughput(p)}
-
-
-def run(strategy, answer=record) -> list[Point]:
-    asked = []
-    while (p := strategy.ask()) is not None:
-        asked.append(p)
-        strategy.tell(p, answer(p))
-    return asked
+from tests.unit.test_search import BATCHES, DELAYS, WORKERS, point, record, run, space, throughput  # noqa: F401 (fixtures among them)
 
 
 @pytest.mark.parametrize(("sampler", "median_at_least"), [("gp", 0.95), ("tpe", 0.9)])

@@ -3,14 +3,9 @@ the pruner, `bench collect`, and storage errors. Real Optuna storages (journal f
 
 import time
 
-from segserve.bench.search import make_strategy, study
-from segserve.bench.suite.spec import Budget
-from tests.integration.test_search import record, space
-
-
-def shared(storage, seed: int, points=None, limit: int = 24, name: str = "shared"):
-    # TPE: the GP sampler refits for every suggestion, and a shared study answers many of them from records
-    return make_strategy("optuna", points or space(), Budget(points=limit), seed=seed, sampler="tpe", storage=storage, study_name=name)
+from segserve.bench.search import study
+from tests.unit.test_search import record, space
+from tests.unit.test_study import shared  # noqa: F401 (fixtures among them)
 
 
 def test_a_dead_process_hands_its_point_to_another_through_the_heartbeat(tmp_path):

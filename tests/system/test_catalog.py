@@ -2,45 +2,11 @@
 new DAG, added as YAML only, built, served, predicted and benchmarked."""
 
 import json
-import shutil
 import socket
 import textwrap
 
 from segserve.cli import main
-from tests.conftest import ROOT
-
-PROJECT_PARTS = ("handlers", "model_config", "workflows", "config.properties", "samples")
-
-
-def copy_project(destination):
-    """What a user's checkout holds that the catalog and the archives read (segserve itself is installed)."""
-    for part in PROJECT_PARTS:
-        source = ROOT / part
-        if source.is_dir():
-            shutil.copytree(source, destination / part, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copy2(source, destination / part)
-    return destination
-
-
-BROKEN = {
-    "missing node config": ("models: {a: {url: seg.mar}, b: {url: nothere.mar}}\ndag: {a: [b]}\n", "node 'b': no node config"),
-    "cycle": (
-        "models: {a: {url: seg.mar}, b: {url: jpeg.mar}, c: {url: jpeg.mar}}\ndag: {a: [b], b: [c], c: [b]}\n",
-        "dag: the fused pipeline does not join inputs",  # c → b makes b a join as well as a cycle
-    ),
-    "pure cycle": ("models: {a: {url: seg.mar}, b: {url: jpeg.mar}}\ndag: {a: [b], b: [a]}\n", "cycle"),
-    "join": (
-        "models: {a: {url: seg.mar}, b: {url: seg.mar}, c: {url: jpeg.mar}}\ndag: {a: [c], b: [c]}\n",
-        "node(s) with several parents: {'c': ['a', 'b']}",
-    ),
-    "missing handler": ("models: {a: {url: seg.mar}, b: {url: ghost.mar}}\ndag: {a: [b]}\n", "node 'b': its handler 'nope'"),
-    "not a list": ("models: {a: {url: seg.mar}, b: {url: jpeg.mar}}\ndag: {a: b}\n", "each node maps to a list of node names"),
-    "wrong input": (
-        "models: {a: {url: seg.mar}, b: {url: seg.mar}}\ndag: {a: [b]}\n",
-        "node 'b' takes image but its parent 'a' gives class_map",
-    ),
-}
+from tests.unit.test_catalog import BROKEN, PROJECT_PARTS, copy_project  # noqa: F401 (fixtures among them)
 
 
 def free_port_base() -> int:

@@ -14,8 +14,7 @@ import yaml
 from segserve.bench.results.render import header
 from segserve.model.accuracy import MAX_IOU_DROP
 from tests.conftest import ROOT
-
-SMALL = {"input_height": 64, "input_width": 96}
+from tests.unit.test_optimize import SMALL  # noqa: F401 (fixtures among them)
 
 
 def segserve(*args: str, cwd: Path = ROOT, timeout_s: float = 900) -> subprocess.CompletedProcess:

@@ -2,39 +2,9 @@
 and one short run on a real TorchServe."""
 
 import json
-import textwrap
 
-from segserve.archives.catalog import Catalog
 from segserve.cli import main
-from tests.conftest import ROOT
-
-SAMPLES = str(ROOT / "samples" / "*.jpg")
-CATALOG = Catalog(ROOT)
-
-
-def suite_file(tmp_path, body: str, name: str = "phases.yaml"):
-    path = tmp_path / name
-    path.write_text(f'targets: [seg_jpeg]\ninputs:\n  - images: ["{SAMPLES}"]\n' + textwrap.dedent(body))
-    return path
-
-
-def record(seg: int, jpeg: int, small: float, large: float, autoscale: bool = False) -> dict:
-    phases = [
-        {"phase": "small", "throughput_rps": small, "latency_p99_ms": 100.0, "started_epoch_s": 0.0, "moves": [], "reaction_s": None},
-        {"phase": "large", "throughput_rps": large, "latency_p99_ms": 300.0, "started_epoch_s": 30.0, "moves": [], "reaction_s": None},
-    ]
-    return {
-        "run_id": f"r{seg}{jpeg}{autoscale}",
-        "target": "seg_jpeg",
-        "seg_workers": seg,
-        "jpeg_workers": jpeg,
-        "autoscale": autoscale,
-        "phases": phases,
-        "throughput_rps": (small + large) / 2,
-        "latency_p99_ms": 300.0,
-        "requests_failed": 0,
-        "error": None,
-    }
+from tests.unit.test_phases import CATALOG, SAMPLES, record, suite_file  # noqa: F401 (fixtures among them)
 
 
 def test_a_phased_suite_measures_static_and_autoscaled_points_on_a_real_torchserve(tmp_path, trained_weights):

@@ -19,8 +19,8 @@ import pytest
 from segserve.bench.search import study
 from segserve.qa.chaos import free_port_base
 from tests.conftest import ROOT
-from tests.integration.test_search import record, space
-from tests.integration.test_study import shared
+from tests.unit.test_search import record, space
+from tests.unit.test_study import shared
 
 
 def postgres_bin() -> Path | None:

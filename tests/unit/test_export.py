@@ -3,11 +3,9 @@ does not know it is not AWS) and Debian's prometheus-pushgateway; what was sent 
 public APIs and compared with the local result folder."""
 
 import json
-import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 
@@ -33,29 +31,6 @@ def wait_for(url: str, process, timeout_s: float = 90) -> None:
         except OSError:
             time.sleep(0.2)
     raise RuntimeError(f"{url} did not answer in {timeout_s:.0f} s")
-
-
-@pytest.fixture(scope="module")
-def aws(tmp_path_factory):
-    """moto's server on a free loopback port, with fake credentials in the environment (as a user's would be)."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-    try:
-        url = f"http://127.0.0.1:{port}"
-        wait_for(url + "/moto-api/", process)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import pytest
 from segserve.qa.fuzz import CORPUS, MAX_SAVED_BYTES, TARGETS, Harness, judge, read_corpus, save_input
 from segserve.qa.fuzz_inputs import Input, InputSource
 
-FUZZ_SECONDS = 90  # shared evenly by the four targets
 CORPUS_INPUTS = [(target, item) for target in TARGETS for item in read_corpus(CORPUS, target)]
 
 

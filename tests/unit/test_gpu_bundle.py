@@ -7,8 +7,6 @@ import subprocess
 from segserve.gpu.summary import _goals, summary_text
 from tests.conftest import ROOT
 
-STEPS = ["unpack", "facts", "venv", "gpu_tests", "build", "serve", "bench", "summary"]
-
 
 def test_run_sh_refuses_an_interpreter_without_torch_in_one_line(tmp_path):
     env = {**os.environ, "PYTHON": "/usr/bin/env", "OUT": str(tmp_path / "out")}  # runs, but is no Python with torch

@@ -12,14 +12,9 @@ import torch
 from handlers.pinning import WORKERS_DIR, SharedCores, count_live_workers, register_worker
 from segserve.errors import UsageError
 from segserve.serving.cores import load_plan
-from segserve.serving.launch import served_targets, start_pipeline
-from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
 
 PLAN = ROOT / "core_plan.yaml"  # frontend + seg_jpeg__jpeg on core 0, seg_jpeg__seg on core 1
-needs_two_cores = pytest.mark.skipif(
-    len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1"
-)
 
 
 def test_plans_with_overlapping_or_missing_cores_are_refused(tmp_path):
@@ -36,16 +31,6 @@ def test_plans_with_overlapping_or_missing_cores_are_refused(tmp_path):
     plan.write_text("frontend: [0]\nmodel: {}\n")
     with pytest.raises(UsageError, match="model: Extra inputs are not permitted"):
         load_plan(plan)
-
-
-@pytest.fixture(scope="module")
-def pinned(tmp_path_factory, model_store):
-    server = TorchServe(tmp_path_factory.mktemp("pinned"), model_store, ROOT / "config.properties", free_ports=True, core_plan=PLAN)
-    start_pipeline(server, served_targets(None), log=lambda _: None)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 # Without a core plan: threads × live workers ≤ cores ------------------------------------------------------
@@ -88,30 +73,6 @@ def test_live_workers_are_the_lock_files_held_and_a_killed_holders_file_is_remov
         torch.set_num_threads(threads_before)
 
 
-@pytest.fixture(scope="module")
-def unplanned(tmp_path_factory, model_store):
-    """TorchServe without a core plan or thread settings, `seg` with 2 workers."""
-    server = TorchServe(tmp_path_factory.mktemp("unplanned"), model_store, ROOT / "config.properties", free_ports=True)
-    with pytest.MonkeyPatch.context() as env:  # workers inherit the frontend's environment
-        for name in ("OMP_NUM_THREADS", "SEGSERVE_THREADS", "SEGSERVE_CORE_PLAN"):
-            env.delenv(name, raising=False)
-        server.start(log=lambda _: None)
-    try:
-        server.register_model("seg.mar", "seg", log=lambda _: None)
-        server.scale("seg", 2)  # the archive's model config caps workers at registration
-        server.wait_ready("seg")
-        yield server
-    finally:
-        server.stop()
-
-
 def workers_dir(server, model: str) -> Path:
     """Where a server's workers of `model` hold their locks: its TMPDIR, its process group (the launcher's pid)."""
     return server.run_dir / "tmp" / WORKERS_DIR / str(server.running_pid()) / model
-
-
-def worker_threads(server, model: str) -> dict[int, str]:
-    """pid → the thread count each live worker wrote into its lock file."""
-    pids = [int(w["pid"]) for w in server.describe(model)["workers"] if int(w.get("pid") or -1) > 0]
-    directory = workers_dir(server, model)
-    return {pid: (directory / f"{pid}.lock").read_text().strip() for pid in pids}
