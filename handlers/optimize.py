@@ -86,5 +86,18 @@ def warm_up(network, batch_sizes: tuple[int, ...], example: torch.Tensor, dtype:
             network(batch.to(dtype))
 
 
+# inductor's counters of the int8 patterns it rewrote (torchao's x86 passes): a convolution whose dequantize →
+# conv → quantize was matched runs as a oneDNN int8 convolution; none matched means the program ran in fp32
+INT8_COUNTERS = {"int8_convolutions": "qconv_weight_prepack_matcher_count", "int8_linears": "qlinear_weight_prepack_matcher_count"}
+
+
+def int8_kernels() -> dict[str, int]:
+    """The int8 kernels this process's compiles put in place so far (summed over its compiled graphs, one per
+    batch size): {"int8_convolutions": n, "int8_linears": m}."""
+    from torch._dynamo.utils import counters
+
+    return {name: int(counters["inductor"][counter]) for name, counter in INT8_COUNTERS.items()}
+
+
 def _memory_format(tensor: torch.Tensor):
     return torch.channels_last if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format

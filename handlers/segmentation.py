@@ -7,6 +7,7 @@ device, so only 1 byte per model pixel leaves the worker, never logits.
 """
 
 import io
+import logging
 import re
 import struct
 import zipfile
@@ -34,6 +35,8 @@ JPEG_SOI = b"\xff\xd8"
 JPEG_SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 JPEG_FILL = re.compile(rb"\xff+")
 JPEG_NEXT_MARKER = re.compile(rb"\xff(?=[^\x00\xd0-\xd7])")  # in entropy-coded data FF is followed by 00 or RSTn
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -181,6 +184,11 @@ def prepare_network(path: Path, settings: SegmentationSettings, device: torch.de
     if optimize.compiles(settings.optimize):
         example = torch.zeros(1, 3, settings.input_height, settings.input_width, device=device)
         optimize.warm_up(network, batch_sizes, example.contiguous(memory_format=memory_format), dtype)
+    if settings.optimize == "int8" and batch_sizes:
+        kernels = optimize.int8_kernels()  # in the worker's log: whether int8 really runs as int8
+        level = logging.INFO if kernels["int8_convolutions"] else logging.WARNING
+        logger.log(level, "int8: %s over %d compiled batch size(s)%s", kernels, len(batch_sizes),
+                   "" if kernels["int8_convolutions"] else ": no int8 kernel in use, the program runs in fp32")  # fmt: skip
     return network
 
 

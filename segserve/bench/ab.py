@@ -24,6 +24,7 @@ from segserve.bench.run.session import Setup
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Suite
 from segserve.errors import UsageError
+from segserve.machine.identity import label, machine
 
 WARM_UP_S = 2.0  # of load on each side before the first round
 
@@ -125,6 +126,7 @@ def run_ab(
                 "a_rps": sum(a_rounds) / len(a_rounds),
                 "b_rps": sum(b_rounds) / len(b_rounds),
                 "change": change.change,
+                "change_uncertain": change.uncertain() and f"B ÷ A {change.uncertain()}",
                 "change_ci_low": change.low,
                 "change_ci_high": change.high,
                 "verdict": change.verdict,
@@ -136,6 +138,7 @@ def run_ab(
         )
     overall = overall_change(changes, min_effect)
     slower = overall.verdict == "slower"
+    here = machine()
     out_dir = results_root / suite.name / ("ab-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {
@@ -144,11 +147,15 @@ def run_ab(
         "b_env": b_env,
         "rounds": rounds,
         "min_effect": min_effect,
+        "machine": {"label": label(here), **here},  # A and B on this one machine, in turn
         "overall": {"change": overall.change, "ci_low": overall.low, "ci_high": overall.high, "verdict": overall.verdict},
         "slower": slower,
         "points": rows,
     }
     (out_dir / "ab.json").write_text(json.dumps(summary, indent=2) + "\n")
-    log(render_table(rows, ["run_id", "params", "a_rps", "b_rps", "change", "change_ci_low", "change_ci_high", "verdict"]))
+    # a change is printed as a number only when its interval is within ±15% of B ÷ A (stats.uncertainty)
+    shown = [{**row, "change": None if row["change_uncertain"] else row["change"]} for row in rows]
+    log(render_table(shown, ["run_id", "params", "a_rps", "b_rps", "change", "change_ci_low", "change_ci_high", "verdict"]))
+    log(f"A and B were measured in turn on one machine: {label(here)}")
     log(f"overall, B vs A over {len(changes)} point(s): {overall.text()} (min effect {min_effect:.0%}); {out_dir / 'ab.json'}")
     return out_dir, slower

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from segserve.archives.catalog import Catalog
 from segserve.bench.results.render import render_table
-from segserve.bench.results.store import read_summary
+from segserve.bench.results.store import read_runs, read_summary
 from segserve.bench.run.session import members_of
 from segserve.bench.search import STRATEGIES, candidates, make_strategy
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.columns import METRICS, best
 from segserve.bench.suite.spec import Budget, load_suite
 from segserve.errors import UsageError
+from segserve.machine.identity import label, machines_of
 
 
 def parse_budget(text: str) -> Budget:
@@ -55,12 +56,17 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
     if grid_best is None:
         raise UsageError(f"{result_dir}: no candidate point meets the suite's constraints: nothing to find")
     higher = METRICS[objective].higher_is_better
+    machines = machines_of(read_runs(result_dir).values())
+    if len(machines) > 1:  # a grid resumed elsewhere: its points are not one machine's, and its best may be neither's
+        log(f"warning: the grid's points were measured on {len(machines)} machines: {'; '.join(label(m) for m in machines)}")
+    elif machines:
+        log(f"grid recorded on {label(machines[0])}: the scores hold for that machine")
     log(f"{len(space)} candidate points; grid best {objective} {grid_best[objective]:.4g} ({grid_best['run_id']})")
     results: dict[str, dict] = {}
     for name in strategies:
         for given in budgets:
             budget = parse_budget(given)
-            scores, used, registrations, restarts = [], [], [], []
+            scores, used, registrations, restarts, close = [], [], [], [], 0
             for seed in range(seeds):
                 search = suite.search  # the recorded suite's sampler and batch, if it has a search section
                 strategy = make_strategy(name, points, budget, members, seed, [objective], constraints, search.sampler, batch=search.batch)
@@ -72,6 +78,7 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
                 found = best([rows[p.key] for p in told if p in space], constraints, objective)
                 value = found[objective] if found else None
                 scores.append(0.0 if value is None else (value / grid_best[objective] if higher else grid_best[objective] / value))
+                close += found is not None and indistinguishable(found, grid_best, objective, higher)
                 used.append(len(told))
                 cost = planning.cost(suite, told)
                 registrations.append(cost.registrations)
@@ -82,8 +89,25 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
                 "points": statistics.mean(used),
                 "registrations": statistics.mean(registrations),
                 "restarts": statistics.mean(restarts),
+                # seeds whose best lies within the grid best's own 95% window interval: as good as it, as measured
+                "within_noise": close,
+                "seeds": seeds,
             }
     return results
+
+
+def indistinguishable(found: dict, grid_best: dict, objective: str, higher: bool) -> bool:
+    """Whether a found point cannot be told apart from the grid's best: its objective within the best's own
+    interval from its recorded windows (throughput: throughput_ci_low_rps…high); a metric without an
+    interval only by being equal."""
+    if found is grid_best or found.get("run_id") == grid_best.get("run_id"):
+        return True
+    prefix = objective.removesuffix("_rps")
+    low, high = grid_best.get(f"{prefix}_ci_low_rps"), grid_best.get(f"{prefix}_ci_high_rps")
+    value = found.get(objective)
+    if value is None or low is None or high is None:
+        return False
+    return value >= low if higher else value <= high
 
 
 def render(results: dict) -> str:
@@ -95,11 +119,13 @@ def render(results: dict) -> str:
             "best_found_over_grid_best_median": r["median"],
             "worst": r["worst"],
             "registrations": r["registrations"],
+            "within_noise_of_best": f"{r['within_noise']}/{r['seeds']}",
         }
         for name, by_budget in results.items()
         for given, r in by_budget.items()
     ]
-    return render_table(rows, ["strategy", "budget", "points_used", "best_found_over_grid_best_median", "worst", "registrations"])
+    columns = ["strategy", "budget", "points_used", "best_found_over_grid_best_median", "worst", "within_noise_of_best", "registrations"]
+    return render_table(rows, columns)
 
 
 def main(result_dir: Path, catalog: Catalog, strategies: str, budgets: str, seeds: int, as_json: bool) -> int:

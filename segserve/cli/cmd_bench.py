@@ -45,6 +45,13 @@ def add_parser(sub, common) -> None:
     q.add_argument("suite", metavar="SUITE.yaml", help="a suite file (benchmarks/*.yaml)")
     q.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
     q.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
+    q.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure the whole grid N times, the order reversed every other round, workers fresh each round; "
+        "each point: the median of its rounds and its interval (default 1)",
+    )
     q.add_argument("--port-base", type=int, help="TorchServe's HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: free ports)")
     q.add_argument(
         "--export",
@@ -65,6 +72,7 @@ def add_parser(sub, common) -> None:
     q = actions.add_parser("compare", parents=[effect], help="did NEW get slower than OLD, point by point (exit 1: a slowdown)")
     q.add_argument("old", metavar="OLD", help="a result folder")
     q.add_argument("new", metavar="NEW", help="a result folder of the same suite")
+    q.add_argument("--across-machines", action="store_true", help="compare runs from different machines (CPU, ISA, cores, GPU) anyway")
     q.set_defaults(run=run_compare)
 
     q = actions.add_parser("ab", parents=[where, weights, effect], help="two versions of the project, measured in turn on a suite's points")
@@ -104,7 +112,7 @@ def run_compare(args) -> int:
     from segserve.bench.results.compare import compare
 
     try:
-        text, regressed = compare(Path(args.old), Path(args.new), min_effect=args.min_effect)
+        text, regressed = compare(Path(args.old), Path(args.new), min_effect=args.min_effect, across_machines=args.across_machines)
     except FileNotFoundError as error:
         raise UsageError(str(error)) from None
     print(text)
@@ -176,5 +184,6 @@ def run_suite(args) -> int:
         port_base=args.port_base,
         heartbeat_s=args.heartbeat_s,
         exports=exports,
+        rounds=args.rounds,
     )
     return 0

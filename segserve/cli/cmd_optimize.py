@@ -31,7 +31,11 @@ def add_parser(sub, common) -> None:
     p.add_argument("--input-size", type=_size, default=(256, 448), metavar="HxW", help="network input (default: 256x448)")
     p.add_argument("--seconds", type=float, default=6.0, help="timing per shape (default: 6)")
     p.add_argument("--images", type=int, default=32, help="held-out images the accuracy is scored on (default: 32)")
-    p.add_argument("--json", action="store_true", help="print [{variant, throughput_ips, latency_ms, iou, agreement, valid, reason}]")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print [{variant, throughput_ips, latency_ms, iou, agreement, valid, reason, int8_kernels, slower_than_eager_because}]",
+    )
     p.add_argument("--out", help="write the fastest valid variant's seg archive here (F.mar)")
     p.set_defaults(run=run)
 

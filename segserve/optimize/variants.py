@@ -15,9 +15,10 @@ from pathlib import Path
 
 from segserve.bench.run.measure import run_accuracy
 from segserve.errors import RuntimeFailure, UsageError
+from segserve.machine.identity import cpu_identity, int8_shortfall
 from segserve.model.accuracy import verdict
 
-JSON_KEYS = ("variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason")
+JSON_KEYS = ("variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason", "int8_kernels", "slower_than_eager_because")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def asked_variants(quantize: str | None, compile_: bool, ipex: bool, precisions:
 def measure_variant(variant: Variant, weights: Path, settings: dict, shapes: list[str], python: str | None, work: Path) -> dict:
     """One variant's row: throughput at the batch, latency at batch 1, accuracy, valid/reason; a variant that
     cannot be built or run is invalid with the error."""
-    row = {"variant": variant.name, "throughput_ips": None, "latency_ms": None, "iou": None, "agreement": None}
+    row = {"variant": variant.name, "throughput_ips": None, "latency_ms": None, "iou": None, "agreement": None, "int8_kernels": None}
     spec = {**settings, "optimize": variant.optimize, "precision": variant.precision}
     try:
         if variant.optimize == "int8":
@@ -68,7 +69,21 @@ def measure_variant(variant: Variant, weights: Path, settings: dict, shapes: lis
         "reason": reason,
         "load_s": scores["load_s"],
         "program": spec.get("program"),
+        "int8_kernels": scores.get("int8_kernels"),
     }
+
+
+def slower_cause(row: dict, eager_ips: float | None, isa: dict) -> str | None:
+    """Why an int8 variant measured slower than eager fp32, named; None when it was not (or is not int8)."""
+    if not row["variant"].startswith("int8") or not row["throughput_ips"] or not eager_ips or row["throughput_ips"] >= eager_ips:
+        return None
+    kernels = row.get("int8_kernels") or {}
+    if not kernels.get("int8_convolutions"):
+        return "no int8 kernels in use: inductor matched no int8 convolution, so the program ran its (de)quantize ops around fp32 ones"
+    shortfall = int8_shortfall(isa)
+    if shortfall:
+        return f"int8 kernels in use ({kernels['int8_convolutions']} convolutions compiled), but {shortfall}"
+    return f"int8 kernels in use ({kernels['int8_convolutions']} convolutions compiled) on a CPU with VNNI/AMX: not the ISA; profile it"
 
 
 def fastest_valid(rows: list[dict]) -> dict | None:
@@ -110,14 +125,21 @@ def run(args, log=to_stderr) -> int:
         raise UsageError(f"--images must be at least 1 (got {args.images})")
     settings = {"input_height": height, "input_width": width, "threads": args.threads, "seconds": args.seconds, "images": args.images}
     shapes = [f"{args.batch_size}:{height}:{width}"] + ([f"1:{height}:{width}"] if args.batch_size != 1 else [])
-    rows = []
+    rows, isa = [], cpu_identity()["cpu_isa"]
+    variants = asked_variants(args.quantize, args.compile, args.ipex, args.precision or [])
+    if any(v.optimize == "int8" for v in variants) and int8_shortfall(isa):
+        log(f"warning: int8 on this machine: {int8_shortfall(isa)}")  # said before minutes of measuring
     with tempfile.TemporaryDirectory(prefix="segserve-variants-") as tmp:
-        for variant in asked_variants(args.quantize, args.compile, args.ipex, args.precision or []):
+        for variant in variants:
             log(f"measuring {variant.name} …")
             python = str(ipex_python) if variant.optimize == "ipex" else None
             rows.append(measure_variant(variant, weights, settings, shapes, python, Path(tmp)))
             if not rows[-1]["valid"]:
                 log(f"{variant.name} is invalid: {rows[-1]['reason']}")
+        for row in rows:
+            row["slower_than_eager_because"] = slower_cause(row, rows[0]["throughput_ips"], isa)
+            if row["slower_than_eager_because"]:
+                log(f"{row['variant']} is slower than eager: {row['slower_than_eager_because']}")
         chosen = fastest_valid(rows)
         archive = write_archive(Path.cwd(), weights, Path(args.out), chosen, args.channels_last, log) if args.out and chosen else None
     if args.json:
@@ -139,6 +161,12 @@ def print_table(rows: list[dict], batch_size: int) -> None:
         row["vs_eager"] = round(row["throughput_ips"] / eager, 2) if row["throughput_ips"] and eager else None
         for share in ("iou", "agreement"):  # to 4 decimals: the gate is 0.01, and 0.9997 is not 1
             row[share] = None if row[share] is None else f"{row[share]:.4f}"
-    columns = ["variant", "throughput_ips", "vs_eager", "latency_ms", "iou", "agreement", "load_s", "valid", "reason"]
+    for row in rows:
+        kernels = row.get("int8_kernels")
+        row["int8_convs"] = kernels.get("int8_convolutions") if kernels else None
+    columns = ["variant", "throughput_ips", "vs_eager", "latency_ms", "iou", "agreement", "int8_convs", "load_s", "valid", "reason"]
     print(f"\nforward at batch {batch_size} (throughput) and batch 1 (latency); accuracy against eager fp32 on held-out images")
     print(render_table(rows, columns))
+    for row in rows:
+        if row.get("slower_than_eager_because"):
+            print(f"{row['variant']} slower than eager: {row['slower_than_eager_because']}")

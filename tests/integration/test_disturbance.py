@@ -4,7 +4,7 @@ import subprocess
 import sys
 import time
 
-from segserve.bench.run.disturbance import DisturbanceSampler, machine_cpu_s
+from segserve.machine.disturbance import DisturbanceSampler, machine_cpu_s
 
 BURN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 
@@ -42,3 +42,20 @@ def test_no_share_before_the_samples_cover_the_span():
         sampler.stop()
     busy_s, steal_s = machine_cpu_s()
     assert busy_s > 0 and steal_s >= 0
+
+
+def test_a_bare_forward_beside_busy_cores_is_flagged_disturbed_not_reported_clean(tiny_weights):
+    import os
+
+    from segserve.bench.run.measure import run_bare
+
+    # the bare forward on one thread, every other core burnt: others take ≥ half the machine in every slice
+    burners = [burner(20.0) for _ in range(max(len(os.sched_getaffinity(0)) - 1, 1))]
+    try:
+        entry = run_bare(tiny_weights, 1, ["1:64:64"], seconds=0.9, rounds=3, max_others_share=0.1, retries=2)[0]
+    finally:
+        for process in burners:
+            process.kill()
+            process.wait()
+    assert entry["disturbed"] is True and entry["others_cpu_pct"] >= 30.0, entry
+    assert len(entry["slices_ips"]) == len(entry["slices_others_cpu_pct"]) == 5  # every slice measured, and kept

@@ -2,6 +2,7 @@
 `segserve optimize`, and the bench's optimize axis. Timings are never asserted: only what each variant answers."""
 
 import json
+import logging
 import zipfile
 from pathlib import Path
 
@@ -22,15 +23,23 @@ def int8_program(tmp_path_factory, trained_weights) -> Path:
     return quantize_int8(trained_weights, SMALL, tmp_path_factory.mktemp("int8") / "seg-int8.pt2", images=8)
 
 
-def test_int8_program_serves_batches_of_every_size_without_compiling_again(int8_program):
+def test_int8_program_serves_batches_of_every_size_without_compiling_again(int8_program, caplog):
     """The handler compiles its buckets at load; a real batch of any size then runs a compiled graph (dynamo guards
     on the tensor's kind: a warm-up on the wrong kind of tensor left every real batch to compile again)."""
     from torch._dynamo.utils import counters
 
+    from handlers.optimize import int8_kernels
+
     handler = SegmentationHandler()
     context = worker_context(int8_program.parent, {"optimize": "int8", **SMALL}, int8_program.name, rows=3)
-    handler.initialize(context)
+    before = int8_kernels()["int8_convolutions"]
+    with caplog.at_level(logging.INFO, logger="handlers.segmentation"):
+        handler.initialize(context)
     assert handler.buckets == (1, 2, 3)
+    # the worker runs int8 kernels, not its (de)quantize ops around fp32 ones: inductor matched int8 convolutions
+    # in each compiled bucket (counted by its pattern passes), and the worker's log says how many
+    assert int8_kernels()["int8_convolutions"] - before >= 3, int8_kernels()
+    assert any(r.getMessage().startswith("int8: {'int8_convolutions': ") and r.levelno == logging.INFO for r in caplog.records)
     graphs = counters["stats"]["unique_graphs"]
     bodies = [encode_jpeg(make_sample(seed, 64, 96)[0]).numpy().tobytes() for seed in range(3)]
     for rows in (3, 1, 2):

@@ -31,8 +31,13 @@ def test_segserve_optimize_measures_each_variant_against_eager_and_writes_the_be
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
     assert [r["variant"] for r in rows] == ["eager", "compile", "int8"]
-    assert all(set(r) == {"variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason"} for r in rows)
+    keys = {"variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason", "int8_kernels", "slower_than_eager_because"}
+    assert all(set(r) == keys for r in rows)
     eager = rows[0]
+    # int8 runs as int8: inductor compiled its convolutions to oneDNN int8 kernels (counted, not timed)
+    assert rows[2]["int8_kernels"]["int8_convolutions"] > 0 and rows[0]["int8_kernels"] is None
+    # an int8 slower than eager names its cause; one that is not slower has none
+    assert (rows[2]["slower_than_eager_because"] is not None) == (rows[2]["throughput_ips"] < eager["throughput_ips"])
     assert eager["agreement"] == 1.0 and eager["valid"] is True
     for row in rows[1:]:
         assert row["valid"] is True and row["reason"] is None and row["throughput_ips"] > 0 and row["latency_ms"] > 0

@@ -25,6 +25,7 @@ from tests.conftest import ROOT
 FOLDERS = {
     "handlers": 0,
     "segserve": 1,
+    "segserve.machine": 1,
     "segserve.model": 2,
     "segserve.archives": 3,
     "segserve.serving": 4,

@@ -62,7 +62,9 @@ def test_replay_scores_every_strategy_against_the_grids_best(tmp_path):
     points = write_recorded_grid(tmp_path / "rec")
     pipeline = [p for p in points if p.target == "seg_jpeg"]  # 45 candidates; seg and jpeg are auto's probes
     results = replay(tmp_path / "rec", Catalog(ROOT), ["grid", "random", "auto"], ["1.0", "0.2", "9"], seeds=3, log=lambda _: None)
-    assert results["grid"]["1.0"] == {"median": 1.0, "worst": 1.0, "points": len(pipeline), "registrations": 5, "restarts": 1}
+    assert results["grid"]["1.0"] == {
+        "median": 1.0, "worst": 1.0, "points": len(pipeline), "registrations": 5, "restarts": 1, "within_noise": 3, "seeds": 3
+    }  # fmt: skip
     assert results["random"]["9"]["points"] == 9
     # the proposals' cost in the order proposed: random's sample is measured in the grid's order
     assert 1 <= results["random"]["9"]["registrations"] <= 5
@@ -99,3 +101,13 @@ def test_replay_needs_a_complete_grid(tmp_path):
     write_recorded_grid(tmp_path / "rec", drop=3)
     with pytest.raises(UsageError, match="3 of the suite's 75 points are not in its summary"):
         replay(tmp_path / "rec", Catalog(ROOT), ["grid"], ["0.5"], seeds=1)
+
+
+def test_a_found_point_inside_the_grid_bests_own_interval_counts_as_indistinguishable():
+    from segserve.bench.replay import indistinguishable
+
+    grid_best = {"run_id": "b", "throughput_rps": 40.0, "throughput_ci_low_rps": 37.0, "throughput_ci_high_rps": 43.0}
+    assert indistinguishable({"run_id": "x", "throughput_rps": 37.5}, grid_best, "throughput_rps", True)
+    assert not indistinguishable({"run_id": "y", "throughput_rps": 36.0}, grid_best, "throughput_rps", True)
+    assert not indistinguishable({"run_id": "z", "latency_p99_ms": 9.0}, {"run_id": "b", "latency_p99_ms": 8.0}, "latency_p99_ms", False)
+    assert indistinguishable(grid_best, grid_best, "throughput_rps", True)

@@ -18,10 +18,17 @@ from segserve.bench.suite.spec import Suite
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PIPELINES = {"seg_jpeg": Pipeline(("seg", "jpeg"), "seg"), "seg_jpeg_fused": Pipeline(("seg", "jpeg"), "seg")}
 P99_MAX = {"latency_p99_ms": {"max": 200}}
+
+
+def tight(value: float) -> list[float]:
+    """Windows or slices whose median is `value`, within ±1%: a ratio of them is printed as a number."""
+    return [value * 0.99, value, value * 1.01]
+
+
 BARE = [
-    {"batch_size": 8, "threads": 4, "throughput_ips": 95.0},  # faster, but not the pipeline's thread count
-    {"batch_size": 8, "threads": 2, "throughput_ips": 80.0},
-    {"batch_size": 1, "threads": 2, "throughput_ips": 23.0},
+    {"batch_size": 8, "threads": 4, "throughput_ips": 95.0, "slices_ips": tight(95.0)},  # faster, but not the pipeline's thread count
+    {"batch_size": 8, "threads": 2, "throughput_ips": 80.0, "slices_ips": tight(80.0)},
+    {"batch_size": 1, "threads": 2, "throughput_ips": 23.0, "slices_ips": tight(23.0)},
 ]
 
 
@@ -61,6 +68,7 @@ def record(run_id: str, target: str, throughput_rps: float | None, latency_p99_m
         reconfigure_s=2.0,
         warmup_s=1.0,
         omp_num_threads=2,
+        measured_window_throughputs_rps=tight(throughput_rps) if throughput_rps else [],
     )
     row.update(extra)
     return row
@@ -221,12 +229,16 @@ def test_compare_decides_from_the_windows_and_fails_only_on_a_detected_slowdown(
     new = write_results(tmp_path / "new", [record("a", "seg", rps, 100.0, measured_window_throughputs_rps=new_windows)])
     text, got = compare(old, new, min_effect=0.05)
     assert got is slower
-    assert text.startswith("a: throughput_rps 100 → ") and text.split("]")[1].split(";")[0].strip() == verdict, text
+    line = text.splitlines()[0].split("; latency_p99_ms")[0]
+    assert line.startswith("a: throughput_rps 100 → ") and line.endswith(" " + verdict), text
+    # a change whose interval is wider than ±15% of new ÷ old is printed as that interval only, not as a number
+    assert ("uncertain (" in line) is (verdict == "too noisy to tell"), text
 
 
 def test_compare_lists_unmatched_points_and_ignores_them_for_regression(tmp_path):
-    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0), record("gone", "seg", 1.0, 1.0)])
-    new = write_results(tmp_path / "new", [record("a", "seg", 101.0, 100.0), record("added", "jpeg", 1.0, 1.0)])
+    none = {"measured_window_throughputs_rps": []}
+    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0, **none), record("gone", "seg", 1.0, 1.0)])
+    new = write_results(tmp_path / "new", [record("a", "seg", 101.0, 100.0, **none), record("added", "jpeg", 1.0, 1.0)])
     text, regressed = compare(old, new)
     assert not regressed
     assert "too noisy to tell" in text.splitlines()[0]  # no windows recorded: nothing to decide from
@@ -258,13 +270,20 @@ def test_served_vs_bare_gives_the_best_batch_per_thread_count_against_the_matchi
         record("t2-b8", "seg", 70.0, 100.0, batch_size=8, omp_num_threads=2),
         record("t2-b1", "seg", 40.0, 100.0, batch_size=1, omp_num_threads=2),
         record("t1-b1", "seg", 22.0, 100.0, batch_size=1, omp_num_threads=1),
-        record("t1-b8", "seg", 30.0, 100.0, batch_size=8, omp_num_threads=1, bare_forward_ips=37.5),
+        record("t1-b8", "seg", 30.0, 100.0, batch_size=8, omp_num_threads=1, bare_forward_ips=37.5, bare_slices_ips=tight(37.5)),
         record("small-input", "seg", 90.0, 100.0, batch_size=8, omp_num_threads=2, input_size=[128, 224]),
     ]
     bare = [
-        {"batch_size": 8, "threads": 2, "input_size": [256, 448], "throughput_ips": 80.0, "throughput_min_ips": 75.0},
+        {
+            "batch_size": 8,
+            "threads": 2,
+            "input_size": [256, 448],
+            "throughput_ips": 80.0,
+            "throughput_min_ips": 75.0,
+            "slices_ips": tight(80.0),
+        },
         {"batch_size": 8, "threads": 1, "input_size": [256, 448], "throughput_ips": 40.0},
-        {"batch_size": 8, "threads": 2, "input_size": [128, 224], "throughput_ips": 300.0},
+        {"batch_size": 8, "threads": 2, "input_size": [128, 224], "throughput_ips": 300.0, "slices_ips": tight(300.0)},
     ]
     rows = served_vs_bare(seg, {}, "throughput_rps", bare)
     assert [r["run_id"] for r in rows] == ["small-input", "t2-b8", "t1-b8"]  # the overall winner first
@@ -326,10 +345,12 @@ def test_compare_refuses_folders_without_a_point_in_common(tmp_path):
 def test_a_served_rate_above_the_bare_network_beyond_its_interval_is_suspect_not_a_result():
     from segserve.bench.run.runner import served_vs_bare as beside
 
-    sane = beside([70.0, 72.0, 71.0], [100.0, 104.0, 98.0, 101.0, 99.0, 103.0])
+    sane = beside([70.0, 72.0, 71.0], [{"slices_ips": [100.0, 104.0, 98.0]}, {"slices_ips": [101.0, 99.0, 103.0]}])
     assert sane["ratio_bare"] == pytest.approx(71.0 / 100.5) and not sane["suspect"]
     assert sane["ratio_bare_ci_low"] <= sane["ratio_bare"] <= sane["ratio_bare_ci_high"] < 1
-    absurd = beside([49.0, 50.0, 49.5], [5.7, 6.8, 6.0, 5.9])  # the bare forward measured while something else ran
+    absurd = beside(
+        [49.0, 50.0, 49.5], [{"slices_ips": [5.7, 6.8]}, {"slices_ips": [6.0, 5.9]}]
+    )  # the bare forward measured while something else ran
     assert absurd["suspect"] and absurd["ratio_bare_ci_low"] > 1
     rows = served_vs_bare([record("seg-x", "seg", 49.5, 100.0, **absurd)], {}, "throughput_rps", [])
     assert rows[0]["suspect"] and rows[0]["ratio_bare"] is None  # not printed as a result
@@ -419,3 +440,19 @@ def test_two_objectives_give_a_pareto_front_and_the_report_a_search_section(tmp_
     assert "Strategy **auto**, budget 6 points (5%): 6 point(s) measured of 120 candidate(s); 0 stopped early" in text
     assert "1 server start(s), 4 registration(s) and 2 live scale call(s)" in text
     assert "### Pareto front" in text and "### Predicted vs measured (auto)" in text
+
+
+def test_compare_refuses_runs_from_different_machines_unless_asked_and_then_says_so(tmp_path):
+    from segserve.errors import UsageError
+    from segserve.machine.identity import cpu_identity
+    from tests.unit.test_machine import SAPPHIRE_RAPIDS, ZEN3
+
+    zen3, spr = ({**cpu_identity(text), "gpu": None} for text in (ZEN3, SAPPHIRE_RAPIDS))
+    old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0, environment=zen3)])
+    new = write_results(tmp_path / "new", [record("a", "seg", 60.0, 100.0, environment=spr)])
+    with pytest.raises(UsageError, match=r"different machines \(cpu_family, .*cpu_isa.*\)[\s\S]*--across-machines"):
+        compare(old, new)
+    text, slower = compare(old, new, across_machines=True)
+    assert text.startswith("ACROSS MACHINES") and "family 25 model 1" in text and "Platinum 8488C" in text and slower
+    same = write_results(tmp_path / "same", [record("a", "seg", 100.0, 100.0, environment=zen3)])
+    assert "ACROSS" not in compare(old, same)[0]

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from segserve.bench.suite.columns import METRICS, best, satisfies
-from segserve.bench.results.stats import bootstrap_interval, ratio
+from segserve.bench.results.stats import bootstrap_interval, ratio, ratio_of_medians, uncertainty
 
 
 @dataclass(frozen=True)
@@ -189,9 +189,25 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
             entry = _pick_bare(bare, point.get("batch_size"), point.get("omp_num_threads"), point.get("input_size"), *variant) or {}
             beside = point.get("bare_forward_ips")  # measured right after the point: the fairer comparison
             measured_ratio = point.get("ratio_bare")  # windows over bare slices around the point, with an interval
-            value = (
-                measured_ratio if measured_ratio is not None else ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips"))
-            )
+            low, high = point.get("ratio_bare_ci_low"), point.get("ratio_bare_ci_high")
+            value, interval = measured_ratio, (low, high) if low is not None else None
+            if measured_ratio is None:  # from the slices beside the point, else the suite's end (bare.json)
+                slices = point.get("bare_slices_ips") or ([] if beside else entry.get("slices_ips")) or []
+                value, interval = ratio_of_medians(point.get("measured_window_throughputs_rps") or [], slices)
+                if value is None:
+                    value = ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips"))
+                low, high = interval or (None, None)
+            reasons = [
+                text
+                for text, present in (
+                    ("the bare forward was disturbed", point.get("bare_disturbed") or (beside is None and entry.get("disturbed"))),
+                    ("the point was disturbed", point.get("disturbed")),
+                    ("served faster than the bare network", point.get("suspect")),
+                )
+                if present
+            ]
+            # printed as a number only when its interval is within ±15% and nothing disturbed it
+            note = uncertainty(value, interval, reasons)
             rows.append(
                 {
                     "target": target,
@@ -203,11 +219,12 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
                     "bare_end_rps": entry.get("throughput_ips"),
                     "bare_end_min_rps": entry.get("throughput_min_ips"),
                     "bare_end_max_rps": entry.get("throughput_max_ips"),
-                    # served faster than the bare network beyond the interval, or others busy on the machine: not a result
-                    "ratio_bare": None if point.get("suspect") or point.get("disturbed") else value,
+                    "ratio_bare": None if note else value,
+                    "ratio_bare_uncertain": note,
                     "disturbed": point.get("disturbed"),
-                    "ratio_bare_ci_low": point.get("ratio_bare_ci_low"),
-                    "ratio_bare_ci_high": point.get("ratio_bare_ci_high"),
+                    "bare_disturbed": point.get("bare_disturbed"),
+                    "ratio_bare_ci_low": low,
+                    "ratio_bare_ci_high": high,
                     "suspect": point.get("suspect"),
                 }
             )
@@ -238,28 +255,40 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
         windows += [(winners.get(m) or {}).get("measured_window_throughputs_rps") or [] for m in pipeline.members]
         shared_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) * sum(1 / np.median(m) for m in ms))
         disjoint_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) / min(np.median(m) for m in ms))
-        rows.append(
-            {
-                "pipeline": name,
-                "pipeline_rps": pipeline_rps,
-                "members": ", ".join(f"{m} {rps:.1f}" for m, rps in member_rps.items()),
-                **{f"{m}_rps": rps for m, rps in member_rps.items()},
-                "shared_bound_rps": shared_bound_rps,
-                "disturbed": disturbed,
-                "ratio_shared": None if disturbed else ratio(pipeline_rps, shared_bound_rps),
-                # 95% bootstrap intervals of the ratio, from the measured windows of the pipeline and its members
-                "ratio_shared_ci_low": shared_ci[0] if shared_ci else None,
-                "ratio_shared_ci_high": shared_ci[1] if shared_ci else None,
-                "disjoint_bound_rps": disjoint_bound_rps,
-                "ratio_disjoint": None if disturbed else ratio(pipeline_rps, disjoint_bound_rps),
-                "ratio_disjoint_ci_low": disjoint_ci[0] if disjoint_ci else None,
-                "ratio_disjoint_ci_high": disjoint_ci[1] if disjoint_ci else None,
-                "bare_rps": entry.get("throughput_ips"),
-                "ratio_bare": None if disturbed else ratio(pipeline_rps, entry.get("throughput_ips")),
-                "bare_batch_size": entry.get("batch_size"),
-                "bare_threads": entry.get("threads"),
-            }
-        )
+        bare_ratio, bare_ci = ratio_of_medians(windows[0], entry.get("slices_ips") or [])
+        bare_reasons = ["the pipeline or a member was disturbed"] if disturbed else []
+        bare_reasons += ["the bare forward was disturbed"] if entry.get("disturbed") else []
+        judged = {
+            "ratio_shared": uncertainty(ratio(pipeline_rps, shared_bound_rps), shared_ci, bare_reasons[:1]),
+            "ratio_disjoint": uncertainty(ratio(pipeline_rps, disjoint_bound_rps), disjoint_ci, bare_reasons[:1]),
+            "ratio_bare": uncertainty(ratio(pipeline_rps, entry.get("throughput_ips")), bare_ci, bare_reasons),
+        }
+        row = {
+            "pipeline": name,
+            "pipeline_rps": pipeline_rps,
+            "members": ", ".join(f"{m} {rps:.1f}" for m, rps in member_rps.items()),
+            **{f"{m}_rps": rps for m, rps in member_rps.items()},
+            "shared_bound_rps": shared_bound_rps,
+            "disturbed": disturbed,
+            "ratio_shared": ratio(pipeline_rps, shared_bound_rps),
+            # 95% bootstrap intervals of the ratio, from the measured windows of the pipeline and its members
+            "ratio_shared_ci_low": shared_ci[0] if shared_ci else None,
+            "ratio_shared_ci_high": shared_ci[1] if shared_ci else None,
+            "disjoint_bound_rps": disjoint_bound_rps,
+            "ratio_disjoint": ratio(pipeline_rps, disjoint_bound_rps),
+            "ratio_disjoint_ci_low": disjoint_ci[0] if disjoint_ci else None,
+            "ratio_disjoint_ci_high": disjoint_ci[1] if disjoint_ci else None,
+            "bare_rps": entry.get("throughput_ips"),
+            "ratio_bare": ratio(pipeline_rps, entry.get("throughput_ips")),
+            "ratio_bare_ci_low": bare_ci[0] if bare_ci else None,
+            "ratio_bare_ci_high": bare_ci[1] if bare_ci else None,
+            "bare_batch_size": entry.get("batch_size"),
+            "bare_threads": entry.get("threads"),
+        }
+        for column, note in judged.items():  # a number only within ±15%, else "uncertain (low–high): why"
+            row[column] = None if note else row[column]
+            row[f"{column}_uncertain"] = note
+        rows.append(row)
     return rows
 
 

@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from segserve.bench.results.render import cell
+from segserve.bench.results.stats import uncertainty
 from segserve.bench.results.store import read_runs, read_summary
 from segserve.errors import UsageError
+from segserve.machine.identity import differences, label, machines_of
 
 
 def measured_differently(old: list[dict], new: list[dict]) -> list[str]:
@@ -44,9 +46,19 @@ class Change:
     high: float | None
     verdict: str
 
+    def uncertain(self) -> str | None:
+        """Why new ÷ old is not printed as a number (its interval wider than ±15% of it), or None."""
+        if self.change is None:
+            return None
+        return uncertainty(1 + self.change, (1 + self.low, 1 + self.high))
+
     def text(self) -> str:
+        """The change and its interval, or only the interval where it is too wide for a number; the verdict
+        judges the interval itself (a slowdown whose whole interval is below -min_effect is one, however wide)."""
         if self.change is None:
             return self.verdict
+        if self.uncertain():
+            return f"new ÷ old {self.uncertain()}; {self.verdict}"
         return f"{self.change:+.1%} [{self.low:+.1%}, {self.high:+.1%}] {self.verdict}"
 
 
@@ -116,10 +128,27 @@ def windows_of(record: dict) -> list[float]:
     return record.get("measured_window_throughputs_rps") or []
 
 
-def compare(old_dir: Path, new_dir: Path, min_effect: float = 0.05) -> tuple[str, bool]:
+def machine_lines(old_runs: dict, new_runs: dict, across_machines: bool) -> list[str]:
+    """[] when both folders were measured on one machine; else what differs, or UsageError unless asked: a
+    configuration that wins on one CPU (int8 with VNNI) may lose on another, so a change between machines is not
+    a change of the code."""
+    old, new = machines_of(old_runs.values()), machines_of(new_runs.values())
+    if not old or not new:
+        return []
+    differ = sorted({key for a in old for b in new for key in differences(a, b)})
+    if not differ:
+        return []
+    lines = [f"old measured on {', '.join(label(m) for m in old)}", f"new measured on {', '.join(label(m) for m in new)}"]
+    if not across_machines:
+        raise UsageError("\n".join([f"cannot compare: the two runs come from different machines ({', '.join(differ)} differ)", *lines,
+                                     "pass --across-machines to compare them anyway"]))  # fmt: skip
+    return [f"ACROSS MACHINES ({', '.join(differ)} differ): a change here is the machine's as much as the code's", *lines]
+
+
+def compare(old_dir: Path, new_dir: Path, min_effect: float = 0.05, across_machines: bool = False) -> tuple[str, bool]:
     """Join two result folders on run id and judge each point's throughput change from its windows, then the
     suite's (overall_change); the second value is True only on a detected slowdown of the suite larger than
-    min_effect, or a point that now fails."""
+    min_effect, or a point that now fails. Folders from different machines are refused unless across_machines."""
     old_rows, new_rows = read_summary(old_dir), read_summary(new_dir)
     differently = measured_differently(old_rows, new_rows)
     if differently:
@@ -131,8 +160,8 @@ def compare(old_dir: Path, new_dir: Path, min_effect: float = 0.05) -> tuple[str
             f"{old_dir} and {new_dir} have no point in common (other suites, or run ids from before 3851533, which "
             "changed their form): nothing to compare"
         )
-    old_runs, new_runs = read_runs(old_dir), read_runs(new_dir)  # the windows live in the run JSONs
-    lines, slower, changes = [], False, []
+    old_runs, new_runs = read_runs(old_dir), read_runs(new_dir)  # the windows and the machine live in the run JSONs
+    lines, slower, changes = machine_lines(old_runs, new_runs, across_machines), False, []
     for run_id in [i for i in old if i in new]:
         before, after = old[run_id], new[run_id]
         if after.get("error") and not before.get("error"):

@@ -25,10 +25,16 @@ def cell(value) -> str:
 
 
 def render_table(records: list[dict], columns: list[str] | None = None) -> str:
-    """A Markdown table; floats rounded for reading, None → '–'. Columns: given, or every key in first-seen order."""
-    columns = columns or list(dict.fromkeys(key for record in records for key in record))
+    """A Markdown table; floats rounded for reading, None → '–', or for a ratio withheld as uncertain its
+    `<column>_uncertain` text. Columns: given, or every key in first-seen order (the notes shown in place)."""
+    columns = columns or [k for k in dict.fromkeys(key for record in records for key in record) if not k.endswith("_uncertain")]
+
+    def shown(record: dict, column: str):
+        value = record.get(column)
+        return record.get(f"{column}_uncertain") if value is None and record.get(f"{column}_uncertain") else value
+
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in records]
+    lines += ["| " + " | ".join(cell(shown(r, c)) for c in columns) + " |" for r in records]
     return "\n".join(lines)
 
 
@@ -78,6 +84,11 @@ def terminal_summary(records: list[dict], swept: list[str], analysis: Analysis) 
             text += (
                 f"\n{record['run_id']}: DISTURBED — other processes took up to {cell(record.get('others_cpu_pct'))}% of the machine "
                 f"and {record.get('windows_discarded')} window(s) were discarded; its numbers are not the server's alone"
+            )
+        if record.get("bare_disturbed"):
+            text += (
+                f"\n{record['run_id']}: bare forward DISTURBED — other processes took up to {cell(record.get('bare_others_cpu_pct'))}% "
+                "of the machine in too many of its slices; its served ÷ bare ratio is not printed as a number"
             )
     if analysis.served_vs_bare:
         text += "\n\nServed vs bare forward (best batch size per thread count):\n" + render_table(analysis.served_vs_bare)

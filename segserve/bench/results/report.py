@@ -200,6 +200,9 @@ def write_report(
     disturbed = [
         f"`{r.get('run_id')}` (others took {cell(r.get('others_cpu_pct'))}% of the machine)" for r in records if r.get("disturbed")
     ]
+    bare_disturbed = [
+        f"`{r.get('run_id')}` (others took {cell(r.get('bare_others_cpu_pct'))}% of the machine)" for r in records if r.get("bare_disturbed")
+    ]
     saturated = [f"`{r.get('run_id')}`" for r in records if r.get("client_saturated") is True]
     md += [
         "",
@@ -208,6 +211,8 @@ def write_report(
         f"- Measurement not stable: {', '.join(unstable) or 'none'}",
         "- Disturbed (other processes took more than the suite's `max_others_share` of the CPU in too many windows; "
         f"their numbers are not the server's alone): {', '.join(disturbed) or 'none'}",
+        "- Bare forward disturbed (others took more than `max_others_share` in too many of its slices, measured again "
+        f"up to `max_windows` more; its served ÷ bare ratio is printed as uncertain): {', '.join(bare_disturbed) or 'none'}",
         f"- Load generator saturated (its numbers understate the server): {', '.join(saturated) or 'none'}",
         "",
         "## Time outside measurement (reconfigure_s + warmup_s)",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from segserve.machine.identity import label
 from segserve.bench.results.analysis import Analysis
 from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
@@ -101,7 +102,11 @@ class Best(Sink):
         best_dir.mkdir(exist_ok=True)
         overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
         render_config(self.catalog.root / "config.properties", best_dir / "config.properties", overrides)
-        note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s)."
+        # best for the machine it was measured on: int8 that wins with VNNI loses without it
+        machine = chosen.get("environment") or run.environment
+        on = f"# Best on: {label(machine)}; on another machine, measure again (best/machine.json)."
+        (best_dir / "machine.json").write_text(json.dumps({"label": label(machine), **machine}, indent=2) + "\n")
+        note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s).\n{on}"
         if chosen.get("omp_num_threads"):
             note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
         text = (best_dir / "config.properties").read_text()
@@ -120,7 +125,7 @@ class Best(Sink):
             for key, param in (("batch-size", "batch_size"), ("max-batch-delay", "max_batch_delay_ms")):
                 if chosen.get(f"{node}_{param}") is not None:
                     entry[key] = chosen[f"{node}_{param}"]
-        header = f"# From {chosen['run_id']} ({chosen['target']}).\n"
+        header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
 
 

@@ -74,3 +74,22 @@ def ratio_of_medians(numerator: list[float], denominator: list[float]) -> tuple[
         return np.median(a) / np.median(b)
 
     return float(statistic(numerator, denominator)), bootstrap_interval([numerator, denominator], statistic)
+
+
+RATIO_TOLERANCE = 0.15  # a ratio is printed as a number only when its interval lies within ±15% of it
+
+
+def uncertainty(value: float | None, interval: tuple[float, float] | None, reasons: list[str] = ()) -> str | None:
+    """None when a measured ratio may be printed as a number: its 95% interval within ±RATIO_TOLERANCE of it and
+    nothing disturbed it. Else what a table prints instead: "uncertain (low–high): why"."""
+    if value is None:
+        return None
+    why = list(reasons)
+    if interval is None:
+        why.append("too few windows or slices for an interval")
+    elif interval[0] < value * (1 - RATIO_TOLERANCE) or interval[1] > value * (1 + RATIO_TOLERANCE):
+        why.append(f"its interval is wider than ±{RATIO_TOLERANCE:.0%}")
+    if not why:
+        return None
+    span = f"{interval[0]:.2f}–{interval[1]:.2f}" if interval else f"{value:.2f}, no interval"
+    return f"uncertain ({span}): {'; '.join(why)}"

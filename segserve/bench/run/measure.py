@@ -15,9 +15,9 @@ from pathlib import Path
 
 from segserve import ROOT
 from segserve.bench.results.stats import latency_summary, mean_interval, spread, stable_tail
-from segserve.bench.run.disturbance import DisturbanceSampler
 from segserve.bench.run.load import LoadSpec, run_load
 from segserve.bench.suite.spec import LoadSettings
+from segserve.machine.disturbance import DisturbanceSampler
 from segserve.serving.metrics import ProcessSampler, handler_stages, per_request_ms, scrape
 
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
@@ -307,10 +307,14 @@ def run_bare(
     variant: dict | None = None,
     python: str | None = None,
     env: dict | None = None,
+    max_others_share: float = 0.1,
+    retries: int | None = None,
 ) -> list[dict]:
-    """The network's in-process forward throughput at these shapes, in a fresh process (segserve/model/bare.py)."""
+    """The network's in-process forward throughput at these shapes, in a fresh process (segserve/model/bare.py),
+    each slice watched for others' use of the machine (disturbed slices measured again, up to `retries` more)."""
     command = bare_command(weights, threads, variant, python)
     command += [arg for shape in shapes for arg in ("--shape", shape)] + ["--seconds", str(seconds), "--rounds", str(rounds)]
+    command += ["--max-others-share", str(max_others_share)] + (["--retries", str(retries)] if retries is not None else [])
     done = _run_bare_command(command, threads, 900, env)
     if done.returncode != 0:
         log(f"bare forward with {threads} threads failed: {done.stderr.strip()[-300:]}")
@@ -340,4 +344,9 @@ def run_accuracy(
     if done.returncode != 0 or not scores:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeFailure(f"the {variant.get('optimize') or 'eager'} network could not be run: {last[-300:]}")
-    return {**scores[0]["accuracy"], "load_s": scores[0]["load_s"], "forward": [line for line in lines if "accuracy" not in line]}
+    return {
+        **scores[0]["accuracy"],
+        "load_s": scores[0]["load_s"],
+        "int8_kernels": scores[0].get("int8_kernels"),
+        "forward": [line for line in lines if "accuracy" not in line],
+    }

@@ -6,11 +6,13 @@ import statistics
 import time
 from pathlib import Path
 
+import numpy as np
+
 from segserve.archives.build import node_handler_settings
 from segserve.archives.catalog import Catalog
 from segserve.autoscale.loop import Autoscaler, InBackground, dag_bounds, reactions
 from segserve.autoscale.rules import Policy
-from segserve.bench.results.stats import ratio_of_medians
+from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, uncertainty
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.measure import bare_shape, measure, measure_phases, process_groups, run_accuracy, run_bare
 from segserve.bench.search import Strategy
@@ -51,11 +53,36 @@ class Runner:
                 self.strategy.close()
         return records
 
+    def run_rounds(self, rounds: int, base) -> list[dict]:
+        """Every point of the plan `rounds` times: the order reversed every other round (A B C, C B A, …) and every
+        model registered afresh each round (a registration's workers keep their luck: ±10% on 2 cores), so that a
+        slow spell or a lucky worker is one round's noise. One record per point (combine_rounds) to every sink."""
+        points = self.strategy.plan()
+        measured: dict[str, list[dict]] = {point.run_id: [] for point in points}
+        progress = Progress(len(points) * rounds, self.log)
+        try:
+            for index in range(rounds):
+                if index:
+                    self.deployment.release()  # fresh workers for the next round
+                for point in points if index % 2 == 0 else points[::-1]:
+                    started = time.monotonic()
+                    measured[point.run_id].append(self.measure_point(point))
+                    progress.step(point, measured[point.run_id][-1], time.monotonic() - started)
+        finally:
+            self.deployment.close()
+        records = []
+        for point in points:
+            record = {**combine_rounds(measured[point.run_id]), **base(point)}
+            for sink in self.sinks:
+                sink.add(record)
+            records.append(record)
+        return records
+
     def measure_point(self, point: Point) -> dict:
         started = time.monotonic()
         metrics = error = None
         node = self.weights_node(point.target)
-        slices: list[float] = []
+        slices: list[dict] = []  # the bare forward's entries before and after the point
         try:
             endpoint = self.deployment.deploy(point)
             reconfigure_s = time.monotonic() - started
@@ -76,6 +103,7 @@ class Runner:
         record.update(validity(record))
         if node and not error:
             record.update(served_vs_bare(record.get("measured_window_throughputs_rps") or [], slices))
+            record.update(ratio_judgement(record))
         return record
 
     def measure_load(self, point: Point, endpoint, groups: dict | None) -> dict:
@@ -111,16 +139,18 @@ class Runner:
         scaler = Autoscaler(server, dag_bounds(self.catalog, point.target), policy, server.run_dir, log=lambda _line: None)
         return InBackground(scaler, settings.interval_s)
 
-    def bare_slices(self, point: Point, node: str | None) -> list[float]:
+    def bare_slices(self, point: Point, node: str | None) -> list[dict]:
+        """The bare forward's entry at the point's shape, watched for others as the point's windows are."""
         if node is None:
             return []
         threads, shape = bare_shape(point.params, node)
         variant, python = self.variant(point)
-        env = self.deployment.compile_env
+        load = self.suite.load
         entries = run_bare(
-            self.deployment.weights, threads, [shape], seconds=1.5, rounds=3, log=self.log, variant=variant, python=python, env=env
-        )
-        return entries[0]["slices_ips"] if entries else []
+            self.deployment.weights, threads, [shape], seconds=1.5, rounds=3, log=self.log, variant=variant, python=python,
+            env=self.deployment.compile_env, max_others_share=load.max_others_share, retries=load.max_windows,
+        )  # fmt: skip
+        return entries[:1]
 
     def variant(self, point: Point) -> tuple[dict | None, str | None]:
         """The network the point's weights node runs ({optimize, precision, input size, backbone, program}) and
@@ -129,13 +159,21 @@ class Runner:
         node = next((n for n in target.nodes if n.model.weights), None) if target else None
         if node is None:
             return None, None
-        node_settings, _, _ = settings_for(point, target)
-        handler = node_handler_settings(node.model, node_settings.get(node.name, {}))
+        handler = self.handler_settings(point)
         variant = {k: handler.get(k) for k in ("optimize", "precision", "backbone", "input_height", "input_width")}
         if handler.get("optimize") == "int8":
             variant["program"] = self.deployment.recipe.serialized_file(node.model, handler)
         venv = point.params.get("venv")
         return variant, str(Path(venv) / "bin" / "python") if venv else None
+
+    def handler_settings(self, point: Point) -> dict:
+        """The handler settings of the point's weights node ({} for a target without weights)."""
+        target = self.catalog.targets.get(point.target)
+        node = next((n for n in target.nodes if n.model.weights), None) if target else None
+        if node is None:
+            return {}
+        node_settings, _, _ = settings_for(point, target)
+        return node_handler_settings(node.model, node_settings.get(node.name, {}))
 
     def accuracy(self, point: Point) -> dict:
         """{iou, iou_eager, agreement, valid, invalid_reason} of the point's network against eager fp32, scored
@@ -173,18 +211,81 @@ def validity(record: dict) -> dict:
     return {"valid": True, "invalid_reason": None}
 
 
-def served_vs_bare(served_windows_rps: list[float], bare_slices_ips: list[float]) -> dict:
-    """served ÷ bare as the ratio of medians (windows over slices) with its bootstrap interval; a ratio whose
-    whole interval is above 1 (served faster than the bare network) makes no physical sense: `suspect`."""
-    value, interval = ratio_of_medians(served_windows_rps, bare_slices_ips)
+def served_vs_bare(served_windows_rps: list[float], bare_entries: list[dict]) -> dict:
+    """served ÷ bare as the ratio of medians (windows over the bare forward's slices before and after the point)
+    with its bootstrap interval; a ratio whose whole interval is above 1 (served faster than the bare network)
+    makes no physical sense: `suspect`. `bare_disturbed`: others used the machine during the bare forward."""
+    slices = [rate for entry in bare_entries for rate in entry.get("slices_ips", [])]
+    value, interval = ratio_of_medians(served_windows_rps, slices)
+    shares = [share for entry in bare_entries for share in entry.get("slices_others_cpu_pct", [])]
     return {
-        "bare_forward_ips": statistics.median(bare_slices_ips) if bare_slices_ips else None,
-        "bare_slices_ips": bare_slices_ips,
+        "bare_forward_ips": statistics.median(slices) if slices else None,
+        "bare_slices_ips": slices,
+        "bare_disturbed": any(entry.get("disturbed") for entry in bare_entries),
+        "bare_others_cpu_pct": max(shares, default=None),
+        "bare_slices_discarded": sum(entry.get("slices_discarded", 0) for entry in bare_entries),
         "ratio_bare": value,
         "ratio_bare_ci_low": interval[0] if interval else None,
         "ratio_bare_ci_high": interval[1] if interval else None,
         "suspect": bool(interval and interval[0] > 1.0),
     }
+
+
+def ratio_judgement(record: dict) -> dict:
+    """{"ratio_bare_uncertain": None, or why the record's served ÷ bare is not a number to print}."""
+    reasons = [
+        reason
+        for reason, present in (
+            ("the bare forward was disturbed", record.get("bare_disturbed")),
+            ("the point was disturbed", record.get("disturbed")),
+            ("served faster than the bare network", record.get("suspect")),
+        )
+        if present
+    ]
+    value, low, high = record.get("ratio_bare"), record.get("ratio_bare_ci_low"), record.get("ratio_bare_ci_high")
+    return {"ratio_bare_uncertain": uncertainty(value, (low, high) if low is not None else None, reasons)}
+
+
+def combine_rounds(rounds: list[dict]) -> dict:
+    """One record of a point measured in rounds: throughput the median of the rounds' with a bootstrap interval
+    of that median, p50/p99 the medians of the rounds', the windows and bare slices of every round pooled for the
+    ratios (their intervals then hold the rounds' spread), flags set when any round's is; a failed round fails
+    the point with its error."""
+    failed = next((r for r in rounds if r.get("error")), None)
+    rates = [r["throughput_rps"] for r in rounds if not r.get("error")]
+    if failed is not None:
+        return {**failed, "rounds": len(rounds), "rounds_throughput_rps": rates}
+    record = dict(rounds[-1])
+    interval = bootstrap_interval([rates], np.median)
+    record.update(
+        {
+            "rounds": len(rounds),
+            "rounds_throughput_rps": rates,
+            "throughput_rps": statistics.median(rates),
+            "throughput_ci_low_rps": interval[0] if interval else None,
+            "throughput_ci_high_rps": interval[1] if interval else None,
+            "rounds_latency_p99_ms": [r.get("latency_p99_ms") for r in rounds],
+            "measured_window_throughputs_rps": [w for r in rounds for w in r.get("measured_window_throughputs_rps") or []],
+            "requests_ok": sum(r.get("requests_ok") or 0 for r in rounds),
+            "requests_failed": sum(r.get("requests_failed") or 0 for r in rounds),
+        }
+    )
+    for key in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_mean_ms"):
+        values = [r[key] for r in rounds if r.get(key) is not None]
+        record[key] = statistics.median(values) if values else None
+    for flag in ("disturbed", "bare_disturbed", "suspect", "client_saturated"):
+        record[flag] = any(r.get(flag) for r in rounds) if any(flag in r for r in rounds) else None
+    record["stable"] = all(r.get("stable") is not False for r in rounds)
+    record["others_cpu_pct"] = max((r["others_cpu_pct"] for r in rounds if r.get("others_cpu_pct") is not None), default=None)
+    if any(r.get("bare_slices_ips") for r in rounds):
+        entries = [{"slices_ips": r.get("bare_slices_ips") or [], "disturbed": r.get("bare_disturbed")} for r in rounds]
+        record.update(served_vs_bare(record["measured_window_throughputs_rps"], entries))
+        record["bare_disturbed"] = any(r.get("bare_disturbed") for r in rounds)
+        record["bare_others_cpu_pct"] = max(
+            (r["bare_others_cpu_pct"] for r in rounds if r.get("bare_others_cpu_pct") is not None), default=None
+        )
+        record.update(ratio_judgement(record))
+    return record
 
 
 def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: str | None, weights_node: str | None = None) -> dict:
@@ -207,10 +308,12 @@ def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: 
     }
 
 
-def bare_throughputs(records: list[dict], weights: Path, weights_node, log=print) -> list[dict]:
+def bare_throughputs(records: list[dict], weights: Path, weights_node, log=print, load=None) -> list[dict]:
     """The bare forward throughput for every (batch size, threads, input size) the weights' node ran with.
 
-    One process per thread count measures its shapes round-robin (segserve/model/bare.py)."""
+    One process per thread count measures its shapes round-robin (segserve/model/bare.py), watched for others
+    as the suite's windows are (`load`: its max_others_share and max_windows)."""
+    watch = {"max_others_share": load.max_others_share, "retries": load.max_windows} if load else {}
     shapes_by_threads: dict[int, set] = {}
     for record in records:
         node = weights_node(record["target"], alone=False)
@@ -219,7 +322,11 @@ def bare_throughputs(records: list[dict], weights: Path, weights_node, log=print
             shapes_by_threads.setdefault(threads, set()).add(shape)
     if shapes_by_threads:
         log("measuring the bare model's forward throughput (the compute limit) …")
-    return [entry for threads, shapes in sorted(shapes_by_threads.items()) for entry in run_bare(weights, threads, sorted(shapes), log=log)]
+    return [
+        entry
+        for threads, shapes in sorted(shapes_by_threads.items())
+        for entry in run_bare(weights, threads, sorted(shapes), log=log, **watch)
+    ]
 
 
 class Progress:
@@ -246,4 +353,6 @@ class Progress:
                 outcome += f", {record['windows_discarded']} disturbed window(s) measured again"
             if record.get("disturbed"):
                 outcome += f", DISTURBED (others took {record.get('others_cpu_pct') or 0:.0f}% of the machine)"
+            if record.get("bare_disturbed"):
+                outcome += f", its bare forward DISTURBED (others took {record.get('bare_others_cpu_pct') or 0:.0f}% of the machine)"
         self.log(f"[{bar:<20}] {self.done}/{self.total} {point.target} {params}: {outcome} ({elapsed_s:.0f}s; ETA {eta_s / 60:.1f} min)")

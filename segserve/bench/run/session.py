@@ -23,22 +23,19 @@ from segserve.bench.search import budget_points, candidates, make_strategy, stud
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
+from segserve.machine.identity import differences, int8_shortfall, label, machine, machines_of
 
 
 def environment(root: Path) -> dict:
     from importlib.metadata import version
 
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?"
-    )
     sha = _output(["git", "-C", str(root), "rev-parse", "--short", "HEAD"]).strip()
     dirty = _output(["git", "-C", str(root), "status", "--porcelain"]).strip()
     java = _output(["java", "-version"], stderr=True).splitlines()
     bundled = root / "BUNDLE_COMMIT"  # a GPU bundle's project has no .git: the commit it was built from
     git_sha = (sha or "?") + ("-dirty" if dirty else "") if sha or not bundled.exists() else bundled.read_text().strip()
     return {
-        "cpu_model": cpu,
-        "cpu_cores": len(os.sched_getaffinity(0)),
+        **machine(),  # CPU identity and ISA, cores, GPU: what changes which configuration wins
         "python": platform.python_version(),
         "torch": version("torch"),
         "torchvision": version("torchvision"),
@@ -46,6 +43,35 @@ def environment(root: Path) -> dict:
         "java": java[0] if java else "?",
         "git_sha": git_sha,
     }
+
+
+def check_rounds(suite: Suite, rounds: int, resume: Path | None, storage_url: str | None) -> None:
+    """--rounds N measures a whole grid N times in alternating order: refused where that cannot be done."""
+    if rounds < 1:
+        raise UsageError(f"--rounds must be ≥ 1 (got {rounds})")
+    if rounds == 1:
+        return
+    if suite.search.strategy != "grid" or suite.search.budget is not None:
+        raise UsageError(
+            f"--rounds {rounds}: measures every point in turn, so it needs a grid without a budget (this suite: {suite.search.strategy})"
+        )
+    if resume is not None or storage_url is not None:
+        raise UsageError(f"--rounds {rounds}: a run in rounds is measured whole: no --resume or --storage")
+    if suite.load.phases:
+        raise UsageError(f"--rounds {rounds}: load phases are measured as they come, not in rounds")
+
+
+def warn_about_machine(points, runner: Runner, kept: list[dict], env_info: dict, log) -> None:
+    """Said before measuring: int8 points on a CPU without VNNI or AMX, and kept points (--resume) measured on
+    another machine, whose numbers this run's would be mixed with."""
+    shortfall = int8_shortfall(env_info.get("cpu_isa"))
+    int8 = [p for p in points if runner.handler_settings(p).get("optimize") == "int8"]
+    if int8 and shortfall:
+        log(f"warning: {len(int8)} int8 point(s) on this machine: {shortfall}")
+    elsewhere = [m for m in machines_of(kept) if differences(m, env_info)]
+    if elsewhere:
+        where = ", ".join(label(m) for m in elsewhere)
+        log(f"warning: kept points were measured on {where}; this is {label(env_info)} (start anew to compare like with like)")
 
 
 def _output(command: list[str], stderr: bool = False) -> str:
@@ -210,6 +236,7 @@ def run_suite(
     port_base: int | None = None,
     heartbeat_s: int = study.HEARTBEAT_S,
     exports: list | None = None,
+    rounds: int = 1,
 ) -> Path:
     """Measure what the strategy proposes (skipping points already measured the same way with --resume) and
     hand every record to the sinks; return the result folder (RuntimeFailure, exit 1, when every point failed:
@@ -217,6 +244,7 @@ def run_suite(
     (default: study.log in the result folder), which other bench processes may share."""
     if not weights.exists():
         raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
+    check_rounds(suite, rounds, resume, storage_url)
     check_storage(suite, storage_url)
     storage = study.open_storage(storage_url, None, heartbeat_s) if storage_url else None  # refused before anything starts
     if resume is not None:
@@ -258,9 +286,14 @@ def run_suite(
         sinks.append(Export(exports, log))  # last: it sends the files the others wrote
     deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
     runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)
+    warn_about_machine(points, runner, kept, env_info, log)
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
-    records = runner.run(done, lambda point: {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by})
-    bare = bare_throughputs(records, weights, runner.weights_node, log)
+
+    def base(point) -> dict:
+        return {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by}
+
+    records = runner.run_rounds(rounds, base) if rounds > 1 else runner.run(done, base)
+    bare = bare_throughputs(records, weights, runner.weights_node, log, suite.load)
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
     analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
     space, allowed = search_budget(suite, catalog, points)

@@ -86,3 +86,19 @@ class DisturbanceSampler:
         machine_s = span_s * self.cores
         # clock ticks are coarse (10 ms) and sampled at different instants: a few ms below zero is zero
         return max(0.0, (last[1] - first[1]) / machine_s), max(0.0, (last[2] - first[2]) / machine_s)
+
+
+class OwnSpan:
+    """Others' share of the machine while this process does the work being measured (a bare-forward slice,
+    timed inside the measuring process): the machine's busy time less this process's own CPU, the rule the
+    sampler applies to a served window, without a thread."""
+
+    def __init__(self):
+        self.cores = len(os.sched_getaffinity(0)) or 1
+        self.started_s, self.busy_s, self.own_s = time.monotonic(), machine_cpu_s()[0], time.process_time()
+
+    def others_share(self) -> float:
+        wall_s = time.monotonic() - self.started_s
+        others_s = machine_cpu_s()[0] - self.busy_s - (time.process_time() - self.own_s)
+        # clock ticks are coarse (10 ms): a few ms below zero is zero
+        return max(0.0, others_s / (wall_s * self.cores)) if wall_s > 0 else 0.0

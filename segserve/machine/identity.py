@@ -1,0 +1,112 @@
+"""What a measurement's machine is, as far as it changes which configuration wins: the CPU (vendor, family,
+model, stepping), the instruction sets int8 and bf16 kernels depend on, the cores this process may use, the GPU.
+
+An int8 convolution is fast only where the CPU multiplies int8 in one instruction (VNNI, or AMX tiles): on an
+AVX2-only CPU (an AMD EPYC of family 25, Zen 3) int8 measured 0.72× eager, on one with VNNI 2.7×. So a record
+that says only "AMD EPYC" cannot tell whether its best holds on another machine; this says what can.
+"""
+
+import os
+from pathlib import Path
+
+# /proc/cpuinfo flag → the name records carry; amx is any of AMX's tile flags
+ISA_FLAGS = {"avx2": ("avx2",), "avx512f": ("avx512f",), "avx512_vnni": ("avx512_vnni",), "avx_vnni": ("avx_vnni",),
+             "avx512_bf16": ("avx512_bf16",), "amx": ("amx_tile", "amx_int8", "amx_bf16")}  # fmt: skip
+
+# what identifies a machine for comparing runs (the CPU's name, torch's version etc. are recorded beside it)
+MACHINE_KEYS = ("cpu_vendor", "cpu_family", "cpu_model_number", "cpu_stepping", "cpu_isa", "cpu_cores", "gpu")
+
+
+def cpuinfo_fields(text: str) -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ("vendor_id", "cpu family", "flags", …)."""
+    fields: dict[str, str] = {}
+    for line in text.split("\n\n", 1)[0].splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_identity(cpuinfo_text: str | None = None) -> dict:
+    """The CPU as records carry it; `cpuinfo_text` defaults to this machine's /proc/cpuinfo."""
+    if cpuinfo_text is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo_text = path.read_text() if path.exists() else ""
+    fields = cpuinfo_fields(cpuinfo_text)
+    flags = set(fields.get("flags", "").split())
+
+    def number(key: str) -> int | None:
+        value = fields.get(key, "")
+        return int(value) if value.isdigit() else None
+
+    return {
+        "cpu_model": fields.get("model name", "?"),
+        "cpu_vendor": fields.get("vendor_id", "?"),
+        "cpu_family": number("cpu family"),
+        "cpu_model_number": number("model"),
+        "cpu_stepping": number("stepping"),
+        "cpu_isa": {name: any(f in flags for f in wanted) for name, wanted in ISA_FLAGS.items()},
+        "cpu_cores": len(os.sched_getaffinity(0)),
+        "cpu_affinity": sorted(os.sched_getaffinity(0)),
+    }
+
+
+def gpu_name() -> str | None:
+    """The first CUDA device's name where torch sees one (torch is imported only if it already is)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0)
+
+
+def machine(cpuinfo_text: str | None = None) -> dict:
+    return {**cpu_identity(cpuinfo_text), "gpu": gpu_name()}
+
+
+def label(environment: dict) -> str:
+    """'AMD EPYC (AuthenticAMD family 25 model 1 stepping 1; avx2; 2 cores)': what a reader needs to tell two apart."""
+    if "cpu_vendor" not in environment:
+        return f"{environment.get('cpu_model', '?')} (recorded before the machine's identity was: family, model and ISA unknown)"
+    isa = [name for name, present in (environment.get("cpu_isa") or {}).items() if present] or ["no AVX2"]
+    text = (
+        f"{environment.get('cpu_model')} ({environment.get('cpu_vendor')} family {environment.get('cpu_family')} "
+        f"model {environment.get('cpu_model_number')} stepping {environment.get('cpu_stepping')}; {', '.join(isa)}; "
+        f"{environment.get('cpu_cores')} cores"
+    )
+    return text + (f"; {environment['gpu']}" if environment.get("gpu") else "") + ")"
+
+
+def differences(a: dict, b: dict) -> list[str]:
+    """The machine keys two environments disagree on ("cpu_isa", "cpu_cores", …). A record from before machines
+    were identified matches another such record by the CPU's name only, and never one that has an identity."""
+    known = ("cpu_vendor" in a, "cpu_vendor" in b)
+    if known == (False, False):
+        return [] if a.get("cpu_model") == b.get("cpu_model") else ["cpu_model"]
+    if known != (True, True):
+        return ["machine identity (one run did not record it)"]
+    return [key for key in MACHINE_KEYS if a.get(key) != b.get(key)]
+
+
+def int8_shortfall(isa: dict | None = None) -> str | None:
+    """Why int8 will not beat fp32 here, or None: x86 int8 convolutions (oneDNN through inductor) multiply int8 in
+    one instruction only with VNNI (avx512_vnni, avx_vnni) or AMX; without them int8 runs on AVX2's slower path."""
+    isa = cpu_identity()["cpu_isa"] if isa is None else isa
+    if any(isa.get(name) for name in ("avx512_vnni", "avx_vnni", "amx")):
+        return None
+    have = ", ".join(name for name, present in isa.items() if present) or "none of avx2, avx512f"
+    return (
+        f"this CPU has no VNNI and no AMX (its ISA: {have}): int8 convolutions have no fast int8 instruction here, "
+        "so int8 is expected to be no faster than eager fp32 (measured 0.72× eager on an AVX2-only AMD EPYC)"
+    )
+
+
+def machines_of(records) -> list[dict]:
+    """The distinct machines (their environments) a set of records was measured on, in first-seen order."""
+    seen: list[dict] = []
+    for record in records:
+        environment = record.get("environment") or {}
+        if environment and not any(not differences(environment, other) for other in seen):
+            seen.append(environment)
+    return seen
