@@ -34,7 +34,8 @@ def add_parser(sub, common) -> None:
     p.add_argument(
         "--json",
         action="store_true",
-        help="print [{variant, throughput_ips, latency_ms, iou, agreement, valid, reason, int8_kernels, slower_than_eager_because}]",
+        help="print [{variant, throughput_ips, latency_ms, iou, agreement, valid, reason, int8_kernels, slower_than_eager_because, "
+        "disturbed, others_cpu_pct}]",
     )
     p.add_argument("--out", help="write the fastest valid variant's seg archive here (F.mar)")
     p.set_defaults(run=run)

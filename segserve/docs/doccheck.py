@@ -78,6 +78,11 @@ RULES: list[tuple[str, str, str]] = [
     (r"^gpu_bundle/run\.sh$", "ci", "needs CUDA (a lent device); its dry run: tests/system/test_gpu_bundle.py"),
     (r"^wait$", "run", "the shell's"),
     (r"segserve bench schema", "run", ""),
+    (
+        r"segserve bench \S+ --rounds",
+        "test",
+        "tests/system/test_bench_run.py::test_a_grid_measured_in_rounds_alternates_its_points_and_keeps_the_median_of_each",
+    ),
     (r"segserve bench (benchmarks/\S+\.yaml)", "dry-run", ""),
     (
         r"segserve bench SUITE\.yaml --resume",

@@ -90,15 +90,17 @@ def differences(a: dict, b: dict) -> list[str]:
 
 
 def int8_shortfall(isa: dict | None = None) -> str | None:
-    """Why int8 will not beat fp32 here, or None: x86 int8 convolutions (oneDNN through inductor) multiply int8 in
-    one instruction only with VNNI (avx512_vnni, avx_vnni) or AMX; without them int8 runs on AVX2's slower path."""
+    """What int8 lacks here, or None: x86 int8 convolutions (oneDNN through inductor) multiply int8 in one
+    instruction only with VNNI (avx512_vnni, avx_vnni) or AMX; without them oneDNN falls back to AVX2's
+    multiply-add sequence, so int8 gains less over fp32 than where it was tuned with VNNI."""
     isa = cpu_identity()["cpu_isa"] if isa is None else isa
     if any(isa.get(name) for name in ("avx512_vnni", "avx_vnni", "amx")):
         return None
     have = ", ".join(name for name, present in isa.items() if present) or "none of avx2, avx512f"
     return (
-        f"this CPU has no VNNI and no AMX (its ISA: {have}): int8 convolutions have no fast int8 instruction here, "
-        "so int8 is expected to be no faster than eager fp32 (measured 0.72× eager on an AVX2-only AMD EPYC)"
+        f"this CPU has no VNNI and no AMX (its ISA: {have}): oneDNN's int8 convolutions run on the slower AVX2 "
+        "path, so int8 gains less over fp32 than on a CPU with VNNI; measure it here rather than trust a best/ "
+        "tuned on another machine"
     )
 
 

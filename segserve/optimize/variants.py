@@ -18,7 +18,8 @@ from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import cpu_identity, int8_shortfall
 from segserve.model.accuracy import verdict
 
-JSON_KEYS = ("variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason", "int8_kernels", "slower_than_eager_because")
+JSON_KEYS = ("variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason", "int8_kernels", "slower_than_eager_because",
+             "disturbed", "others_cpu_pct")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,8 @@ def asked_variants(quantize: str | None, compile_: bool, ipex: bool, precisions:
 def measure_variant(variant: Variant, weights: Path, settings: dict, shapes: list[str], python: str | None, work: Path) -> dict:
     """One variant's row: throughput at the batch, latency at batch 1, accuracy, valid/reason; a variant that
     cannot be built or run is invalid with the error."""
-    row = {"variant": variant.name, "throughput_ips": None, "latency_ms": None, "iou": None, "agreement": None, "int8_kernels": None}
+    row = {"variant": variant.name, "throughput_ips": None, "latency_ms": None, "iou": None, "agreement": None, "int8_kernels": None,
+           "disturbed": None, "others_cpu_pct": None}  # fmt: skip
     spec = {**settings, "optimize": variant.optimize, "precision": variant.precision}
     try:
         if variant.optimize == "int8":
@@ -70,6 +72,9 @@ def measure_variant(variant: Variant, weights: Path, settings: dict, shapes: lis
         "load_s": scores["load_s"],
         "program": spec.get("program"),
         "int8_kernels": scores.get("int8_kernels"),
+        # the bare forward watches others' CPU per slice: a variant measured while others used the machine says so
+        "disturbed": any(entry.get("disturbed") for entry in scores["forward"]),
+        "others_cpu_pct": max((entry.get("others_cpu_pct") or 0.0 for entry in scores["forward"]), default=None),
     }
 
 
@@ -137,6 +142,8 @@ def run(args, log=to_stderr) -> int:
             if not rows[-1]["valid"]:
                 log(f"{variant.name} is invalid: {rows[-1]['reason']}")
         for row in rows:
+            if row["disturbed"]:
+                log(f"warning: {row['variant']} was measured while other processes took up to {row['others_cpu_pct']:.0f}% of the machine")
             row["slower_than_eager_because"] = slower_cause(row, rows[0]["throughput_ips"], isa)
             if row["slower_than_eager_because"]:
                 log(f"{row['variant']} is slower than eager: {row['slower_than_eager_because']}")
@@ -164,7 +171,19 @@ def print_table(rows: list[dict], batch_size: int) -> None:
     for row in rows:
         kernels = row.get("int8_kernels")
         row["int8_convs"] = kernels.get("int8_convolutions") if kernels else None
-    columns = ["variant", "throughput_ips", "vs_eager", "latency_ms", "iou", "agreement", "int8_convs", "load_s", "valid", "reason"]
+    columns = [
+        "variant",
+        "throughput_ips",
+        "vs_eager",
+        "latency_ms",
+        "iou",
+        "agreement",
+        "int8_convs",
+        "disturbed",
+        "load_s",
+        "valid",
+        "reason",
+    ]
     print(f"\nforward at batch {batch_size} (throughput) and batch 1 (latency); accuracy against eager fp32 on held-out images")
     print(render_table(rows, columns))
     for row in rows:

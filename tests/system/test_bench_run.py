@@ -60,6 +60,9 @@ def test_run_records_hold_parameters_environment_and_metrics(result_dir):
         assert record["server_queue_ms"] is not None and record["server_queue_ms"] >= 0
         assert record["batch_size"] == 4 and record["jpeg_quality"] == 85 and record["concurrency"] == 2
         assert {"cpu_model", "cpu_cores", "torch", "torchserve", "git_sha"} <= record["environment"].keys()
+        # the machine: what decides which configuration wins (int8 needs VNNI or AMX)
+        machine_keys = {"cpu_vendor", "cpu_family", "cpu_model_number", "cpu_stepping", "cpu_isa", "cpu_affinity", "gpu"}
+        assert machine_keys <= record["environment"].keys() and "avx512_vnni" in record["environment"]["cpu_isa"]
         assert record["reconfigure_s"] >= 0 and record["windows"] >= 2
 
 
@@ -122,3 +125,35 @@ def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, 
             assert "nodes/seg.yaml" in zipped.namelist()
     finally:
         deployment.close()
+
+
+def test_a_grid_measured_in_rounds_alternates_its_points_and_keeps_the_median_of_each(tmp_path, trained_weights, capsys):
+    suite = tmp_path / "rounds.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            """
+            targets: [jpeg]
+            inputs:
+              - raw: {count: 1}
+            grid:
+              archive: {batch_size: [1, 4]}
+              load: {concurrency: [2]}
+            load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}
+            """
+        )
+    )
+    assert main(["bench", str(suite), "--rounds", "2", "--results", str(tmp_path / "results"), "--weights", str(trained_weights)]) == 0
+    out = capsys.readouterr().out
+    (folder,) = (tmp_path / "results" / "rounds").iterdir()
+    records = [json.loads(p.read_text()) for p in sorted((folder / "runs").glob("*.json"))]
+    assert len(records) == 2 and all(r["error"] is None and r["rounds"] == 2 for r in records)
+    for record in records:
+        rates = record["rounds_throughput_rps"]
+        assert len(rates) == 2 and record["throughput_rps"] == pytest.approx(sum(rates) / 2)  # the median of two
+        assert record["throughput_ci_low_rps"] <= record["throughput_rps"] <= record["throughput_ci_high_rps"]
+    # four measurements in the order batch 1, batch 4, then batch 4, batch 1
+    order = [line.split("batch_size=")[1].split()[0] for line in out.splitlines() if "] " in line and "/4 jpeg" in line]
+    assert order == ["1", "4", "4", "1"], out
+    machine = json.loads((folder / "best" / "machine.json").read_text())
+    assert machine["label"].startswith(machine["cpu_model"]) and "cpu_isa" in machine
+    assert "# Best on: " in (folder / "best" / "config.properties").read_text()
