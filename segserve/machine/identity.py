@@ -1,9 +1,9 @@
 """What a measurement's machine is, as far as it changes which configuration wins: the CPU (vendor, family,
 model, stepping), the instruction sets int8 and bf16 kernels depend on, the cores this process may use, the GPU.
 
-An int8 convolution is fast only where the CPU multiplies int8 in one instruction (VNNI, or AMX tiles): on an
-AVX2-only CPU (an AMD EPYC of family 25, Zen 3) int8 measured 0.72× eager, on one with VNNI 2.7×. So a record
-that says only "AMD EPYC" cannot tell whether its best holds on another machine; this says what can.
+An int8 convolution is fastest where the CPU multiplies int8 in one instruction (VNNI, or AMX tiles); on an
+AVX2-only CPU oneDNN takes a slower path. A record that said only "AMD EPYC" could not tell whether an int8
+sweep (2.7× eager) and a check that measured 0.72× ran on the same kind of CPU; this says what can.
 """
 
 import os
