@@ -149,7 +149,7 @@ def run_collect(args) -> int:
 
 
 def run_suite(args) -> int:
-    from segserve.bench.run.session import check_storage, describe_search, plan_points, strategy_for
+    from segserve.bench.run.session import check_rounds, check_storage, describe_search, plan_points, strategy_for
     from segserve.bench.run.session import run_suite as run_points
     from segserve.bench.search import study
     from segserve.bench.suite import plan
@@ -161,11 +161,14 @@ def run_suite(args) -> int:
     if args.heartbeat_s < 1:
         raise UsageError(f"--heartbeat-s must be ≥ 1 (got {args.heartbeat_s})")
     if args.dry_run:
+        check_rounds(suite, args.rounds, Path(args.resume) if args.resume else None, args.storage)
         check_storage(suite, args.storage)
         storage = study.open_storage(args.storage, None, args.heartbeat_s) if args.storage else None  # reachable?
         strategy_for(suite, known, points, storage)  # refused as the run would: a budget larger than the space, auto without members
         print(plan.describe(suite, points))
         print(describe_search(suite, known, points))
+        if args.rounds > 1:
+            print(f"--rounds {args.rounds}: every point measured {args.rounds} times, so about {args.rounds}× the time above")
         if not Path(args.weights).exists():
             print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
         return 0

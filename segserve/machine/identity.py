@@ -78,22 +78,34 @@ def label(environment: dict) -> str:
     return text + (f"; {environment['gpu']}" if environment.get("gpu") else "") + ")"
 
 
+# what two environments are compared on when one of them was recorded before the CPU was identified
+NAMED_KEYS = ("cpu_model", "cpu_cores")
+
+
 def differences(a: dict, b: dict) -> list[str]:
-    """The machine keys two environments disagree on ("cpu_isa", "cpu_cores", …). A record from before machines
-    were identified matches another such record by the CPU's name only, and never one that has an identity."""
-    known = ("cpu_vendor" in a, "cpu_vendor" in b)
-    if known == (False, False):
-        return [] if a.get("cpu_model") == b.get("cpu_model") else ["cpu_model"]
-    if known != (True, True):
-        return ["machine identity (one run did not record it)"]
-    return [key for key in MACHINE_KEYS if a.get(key) != b.get(key)]
+    """The machine keys two environments disagree on ("cpu_isa", "cpu_cores", …); where either was recorded
+    before the CPU was identified (no cpu_vendor), only what both have: the CPU's name and cores."""
+    keys = MACHINE_KEYS if "cpu_vendor" in a and "cpu_vendor" in b else NAMED_KEYS
+    return [key for key in keys if a.get(key) != b.get(key)]
 
 
-def int8_shortfall(isa: dict | None = None) -> str | None:
+def identified(environment: dict) -> bool:
+    return "cpu_vendor" in environment
+
+
+X86_VENDORS = ("AuthenticAMD", "GenuineIntel")
+
+
+def int8_shortfall(isa: dict | None = None, vendor: str | None = None) -> str | None:
     """What int8 lacks here, or None: x86 int8 convolutions (oneDNN through inductor) multiply int8 in one
     instruction only with VNNI (avx512_vnni, avx_vnni) or AMX; without them oneDNN falls back to AVX2's
-    multiply-add sequence, so int8 gains less over fp32 than where it was tuned with VNNI."""
-    isa = cpu_identity()["cpu_isa"] if isa is None else isa
+    multiply-add sequence, so int8 gains less over fp32 than where it was tuned with VNNI. Nothing is said of
+    a CPU that is not x86 (its /proc/cpuinfo has none of these flags)."""
+    if isa is None or vendor is None:
+        here = cpu_identity()
+        isa, vendor = here["cpu_isa"] if isa is None else isa, here["cpu_vendor"] if vendor is None else vendor
+    if vendor not in X86_VENDORS:
+        return None
     if any(isa.get(name) for name in ("avx512_vnni", "avx_vnni", "amx")):
         return None
     have = ", ".join(name for name, present in isa.items() if present) or "none of avx2, avx512f"

@@ -78,14 +78,14 @@ def measure_variant(variant: Variant, weights: Path, settings: dict, shapes: lis
     }
 
 
-def slower_cause(row: dict, eager_ips: float | None, isa: dict) -> str | None:
+def slower_cause(row: dict, eager_ips: float | None, isa: dict, vendor: str | None = None) -> str | None:
     """Why an int8 variant measured slower than eager fp32, named; None when it was not (or is not int8)."""
     if not row["variant"].startswith("int8") or not row["throughput_ips"] or not eager_ips or row["throughput_ips"] >= eager_ips:
         return None
     kernels = row.get("int8_kernels") or {}
     if not kernels.get("int8_convolutions"):
         return "no int8 kernels in use: inductor matched no int8 convolution, so the program ran its (de)quantize ops around fp32 ones"
-    shortfall = int8_shortfall(isa)
+    shortfall = int8_shortfall(isa, vendor)
     if shortfall:
         return f"int8 kernels in use ({kernels['int8_convolutions']} convolutions compiled), but {shortfall}"
     return f"int8 kernels in use ({kernels['int8_convolutions']} convolutions compiled) on a CPU with VNNI/AMX: not the ISA; profile it"
@@ -130,10 +130,11 @@ def run(args, log=to_stderr) -> int:
         raise UsageError(f"--images must be at least 1 (got {args.images})")
     settings = {"input_height": height, "input_width": width, "threads": args.threads, "seconds": args.seconds, "images": args.images}
     shapes = [f"{args.batch_size}:{height}:{width}"] + ([f"1:{height}:{width}"] if args.batch_size != 1 else [])
-    rows, isa = [], cpu_identity()["cpu_isa"]
+    rows, here = [], cpu_identity()
+    isa = here["cpu_isa"]
     variants = asked_variants(args.quantize, args.compile, args.ipex, args.precision or [])
-    if any(v.optimize == "int8" for v in variants) and int8_shortfall(isa):
-        log(f"warning: int8 on this machine: {int8_shortfall(isa)}")  # said before minutes of measuring
+    if any(v.optimize == "int8" for v in variants) and int8_shortfall(isa, here["cpu_vendor"]):
+        log(f"warning: int8 on this machine: {int8_shortfall(isa, here['cpu_vendor'])}")  # said before minutes of measuring
     with tempfile.TemporaryDirectory(prefix="segserve-variants-") as tmp:
         for variant in variants:
             log(f"measuring {variant.name} …")
@@ -144,7 +145,7 @@ def run(args, log=to_stderr) -> int:
         for row in rows:
             if row["disturbed"]:
                 log(f"warning: {row['variant']} was measured while other processes took up to {row['others_cpu_pct']:.0f}% of the machine")
-            row["slower_than_eager_because"] = slower_cause(row, rows[0]["throughput_ips"], isa)
+            row["slower_than_eager_because"] = slower_cause(row, rows[0]["throughput_ips"], isa, here["cpu_vendor"])
             if row["slower_than_eager_because"]:
                 log(f"{row['variant']} is slower than eager: {row['slower_than_eager_because']}")
         chosen = fastest_valid(rows)

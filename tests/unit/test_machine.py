@@ -41,21 +41,24 @@ def test_the_cpu_is_identified_by_vendor_family_model_stepping_and_the_isa_that_
     assert "family 25 model 1 stepping 1; avx2;" in identity.label({**zen3, "gpu": None})
     assert identity.differences({**zen3, "gpu": None}, {**spr, "gpu": None})[:2] == ["cpu_vendor", "cpu_family"]
     assert identity.differences({**zen3, "gpu": None}, {**zen3, "gpu": None}) == []
-    # a record from before the machine was identified can be told apart from one after, never matched with it
-    assert identity.differences({"cpu_model": "AMD EPYC"}, {**zen3, "gpu": None}) == ["machine identity (one run did not record it)"]
-    assert identity.differences({"cpu_model": "AMD EPYC"}, {"cpu_model": "AMD EPYC"}) == []
+    # a record from before the CPU was identified is compared by what it has: the CPU's name and cores
+    assert identity.differences({"cpu_model": "AMD EPYC", "cpu_cores": 2}, {**zen3, "gpu": None}) == []
+    assert identity.differences({"cpu_model": "AMD EPYC", "cpu_cores": 4}, {**zen3, "gpu": None}) == ["cpu_cores"]
 
 
 def test_int8_without_vnni_or_amx_is_named_before_it_is_measured():
     zen3, spr = identity.cpu_identity(ZEN3), identity.cpu_identity(SAPPHIRE_RAPIDS)
-    warning = identity.int8_shortfall(zen3["cpu_isa"])
+    warning = identity.int8_shortfall(zen3["cpu_isa"], zen3["cpu_vendor"])
     assert "no VNNI and no AMX" in warning and "avx2" in warning
-    assert identity.int8_shortfall(spr["cpu_isa"]) is None
+    assert identity.int8_shortfall(spr["cpu_isa"], "GenuineIntel") is None
+    assert identity.int8_shortfall({name: False for name in identity.ISA_FLAGS}, "?") is None  # not x86: nothing to say
 
 
 def test_this_machine_is_identified():
     here = identity.machine()
-    assert here["cpu_cores"] >= 1 and set(here["cpu_isa"]) == set(identity.ISA_FLAGS) and here["cpu_vendor"] != "?"
+    fields = identity.cpuinfo_fields(Path("/proc/cpuinfo").read_text())
+    assert here["cpu_cores"] >= 1 and set(here["cpu_isa"]) == set(identity.ISA_FLAGS)
+    assert here["cpu_vendor"] == fields.get("vendor_id", "?") and here["cpu_isa"]["avx2"] is ("avx2" in fields.get("flags", "").split())
 
 
 @pytest.mark.parametrize(
@@ -146,3 +149,18 @@ def test_rounds_need_a_whole_grid():
             check_rounds(suite, 3, resume, storage)
     with pytest.raises(UsageError, match="≥ 1"):
         check_rounds(grid, 0, None, None)
+
+
+def test_a_disturbed_bare_forward_withholds_only_the_ratios_that_use_it():
+    def windows(value):
+        return [value * 0.99, value, value * 1.01]
+
+    records = [
+        {"run_id": r, "target": t, "throughput_rps": v, "latency_p99_ms": 10.0, "batch_size": 8, "omp_num_threads": 2,
+         "measured_window_throughputs_rps": windows(v)}  # fmt: skip
+        for r, t, v in (("p", "wf", 60.0), ("a", "seg", 100.0), ("b", "jpeg", 300.0))
+    ]
+    bare = [{"batch_size": 8, "threads": 2, "throughput_ips": 80.0, "slices_ips": windows(80.0), "disturbed": True}]
+    row = analyse(records, {}, "throughput_rps", bare, {"wf": Pipeline(("seg", "jpeg"), "seg")}).efficiency[0]
+    assert row["ratio_shared"] == pytest.approx(0.8) and row["ratio_disjoint"] == pytest.approx(0.6)  # they do not use it
+    assert row["ratio_bare"] is None and "the bare forward was disturbed" in row["ratio_bare_uncertain"]

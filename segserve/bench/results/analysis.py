@@ -256,12 +256,14 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
         shared_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) * sum(1 / np.median(m) for m in ms))
         disjoint_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) / min(np.median(m) for m in ms))
         bare_ratio, bare_ci = ratio_of_medians(windows[0], entry.get("slices_ips") or [])
-        bare_reasons = ["the pipeline or a member was disturbed"] if disturbed else []
-        bare_reasons += ["the bare forward was disturbed"] if entry.get("disturbed") else []
+        # median ÷ median, the statistic its interval is of; without slices, the rates' ratio (no interval)
+        bare_ratio = bare_ratio if bare_ratio is not None else ratio(pipeline_rps, entry.get("throughput_ips"))
+        point_reasons = ["the pipeline or a member was disturbed"] if disturbed else []
+        bare_reasons = point_reasons + (["the bare forward was disturbed"] if entry.get("disturbed") else [])
         judged = {
-            "ratio_shared": uncertainty(ratio(pipeline_rps, shared_bound_rps), shared_ci, bare_reasons[:1]),
-            "ratio_disjoint": uncertainty(ratio(pipeline_rps, disjoint_bound_rps), disjoint_ci, bare_reasons[:1]),
-            "ratio_bare": uncertainty(ratio(pipeline_rps, entry.get("throughput_ips")), bare_ci, bare_reasons),
+            "ratio_shared": uncertainty(ratio(pipeline_rps, shared_bound_rps), shared_ci, point_reasons),
+            "ratio_disjoint": uncertainty(ratio(pipeline_rps, disjoint_bound_rps), disjoint_ci, point_reasons),
+            "ratio_bare": uncertainty(bare_ratio, bare_ci, bare_reasons),
         }
         row = {
             "pipeline": name,
@@ -279,7 +281,7 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
             "ratio_disjoint_ci_low": disjoint_ci[0] if disjoint_ci else None,
             "ratio_disjoint_ci_high": disjoint_ci[1] if disjoint_ci else None,
             "bare_rps": entry.get("throughput_ips"),
-            "ratio_bare": ratio(pipeline_rps, entry.get("throughput_ips")),
+            "ratio_bare": bare_ratio,
             "ratio_bare_ci_low": bare_ci[0] if bare_ci else None,
             "ratio_bare_ci_high": bare_ci[1] if bare_ci else None,
             "bare_batch_size": entry.get("batch_size"),

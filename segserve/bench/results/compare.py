@@ -14,7 +14,7 @@ from segserve.bench.results.render import cell
 from segserve.bench.results.stats import uncertainty
 from segserve.bench.results.store import read_runs, read_summary
 from segserve.errors import UsageError
-from segserve.machine.identity import differences, label, machines_of
+from segserve.machine.identity import differences, identified, label, machines_of
 
 
 def measured_differently(old: list[dict], new: list[dict]) -> list[str]:
@@ -137,7 +137,9 @@ def machine_lines(old_runs: dict, new_runs: dict, across_machines: bool) -> list
         return []
     differ = sorted({key for a in old for b in new for key in differences(a, b)})
     if not differ:
-        return []
+        unknown = [side for side, machines in (("old", old), ("new", new)) if not all(identified(m) for m in machines)]
+        # a folder from before the CPU was identified: the same CPU name and cores is all that can be told
+        return [f"note: {' and '.join(unknown)} recorded no CPU identity: compared by CPU name and cores only"] if unknown else []
     lines = [f"old measured on {', '.join(label(m) for m in old)}", f"new measured on {', '.join(label(m) for m in new)}"]
     if not across_machines:
         raise UsageError("\n".join([f"cannot compare: the two runs come from different machines ({', '.join(differ)} differ)", *lines,

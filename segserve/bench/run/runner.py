@@ -60,6 +60,7 @@ class Runner:
         points = self.strategy.plan()
         measured: dict[str, list[dict]] = {point.run_id: [] for point in points}
         progress = Progress(len(points) * rounds, self.log)
+        records = []
         try:
             for index in range(rounds):
                 if index:
@@ -70,12 +71,12 @@ class Runner:
                     progress.step(point, measured[point.run_id][-1], time.monotonic() - started)
         finally:
             self.deployment.close()
-        records = []
-        for point in points:
-            record = {**combine_rounds(measured[point.run_id]), **base(point)}
-            for sink in self.sinks:
-                sink.add(record)
-            records.append(record)
+            # also when stopped part-way: what was measured reaches runs/ and the summary, `rounds` says how much
+            for point in (p for p in points if measured[p.run_id]):
+                record = {**combine_rounds(measured[point.run_id]), **base(point)}
+                for sink in self.sinks:
+                    sink.add(record)
+                records.append(record)
         return records
 
     def measure_point(self, point: Point) -> dict:
@@ -274,13 +275,16 @@ def combine_rounds(rounds: list[dict]) -> dict:
         values = [r[key] for r in rounds if r.get(key) is not None]
         record[key] = statistics.median(values) if values else None
     for flag in ("disturbed", "bare_disturbed", "suspect", "client_saturated"):
-        record[flag] = any(r.get(flag) for r in rounds) if any(flag in r for r in rounds) else None
+        values = [r.get(flag) for r in rounds]  # None in every round: not watched (an http target), not clean
+        record[flag] = None if all(v is None for v in values) else any(values)
     record["stable"] = all(r.get("stable") is not False for r in rounds)
     record["others_cpu_pct"] = max((r["others_cpu_pct"] for r in rounds if r.get("others_cpu_pct") is not None), default=None)
     if any(r.get("bare_slices_ips") for r in rounds):
         entries = [{"slices_ips": r.get("bare_slices_ips") or [], "disturbed": r.get("bare_disturbed")} for r in rounds]
         record.update(served_vs_bare(record["measured_window_throughputs_rps"], entries))
         record["bare_disturbed"] = any(r.get("bare_disturbed") for r in rounds)
+        record["bare_slices_discarded"] = sum(r.get("bare_slices_discarded") or 0 for r in rounds)
+        record["suspect"] = record["suspect"] or any(r.get("suspect") for r in rounds)
         record["bare_others_cpu_pct"] = max(
             (r["bare_others_cpu_pct"] for r in rounds if r.get("bare_others_cpu_pct") is not None), default=None
         )

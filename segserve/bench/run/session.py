@@ -64,7 +64,7 @@ def check_rounds(suite: Suite, rounds: int, resume: Path | None, storage_url: st
 def warn_about_machine(points, runner: Runner, kept: list[dict], env_info: dict, log) -> None:
     """Said before measuring: int8 points on a CPU without VNNI or AMX, and kept points (--resume) measured on
     another machine, whose numbers this run's would be mixed with."""
-    shortfall = int8_shortfall(env_info.get("cpu_isa"))
+    shortfall = int8_shortfall(env_info.get("cpu_isa"), env_info.get("cpu_vendor"))
     int8 = [p for p in points if runner.handler_settings(p).get("optimize") == "int8"]
     if int8 and shortfall:
         log(f"warning: {len(int8)} int8 point(s) on this machine: {shortfall}")
