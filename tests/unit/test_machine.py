@@ -156,8 +156,15 @@ def test_a_disturbed_bare_forward_withholds_only_the_ratios_that_use_it():
         return [value * 0.99, value, value * 1.01]
 
     records = [
-        {"run_id": r, "target": t, "throughput_rps": v, "latency_p99_ms": 10.0, "batch_size": 8, "omp_num_threads": 2,
-         "measured_window_throughputs_rps": windows(v)}  # fmt: skip
+        {
+            "run_id": r,
+            "target": t,
+            "throughput_rps": v,
+            "latency_p99_ms": 10.0,
+            "batch_size": 8,
+            "omp_num_threads": 2,
+            "measured_window_throughputs_rps": windows(v),
+        }  # fmt: skip
         for r, t, v in (("p", "wf", 60.0), ("a", "seg", 100.0), ("b", "jpeg", 300.0))
     ]
     bare = [{"batch_size": 8, "threads": 2, "throughput_ips": 80.0, "slices_ips": windows(80.0), "disturbed": True}]
