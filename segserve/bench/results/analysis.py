@@ -170,6 +170,17 @@ def _pick_bare(bare: list[dict], batch_size, threads, input_size=None, optimize=
     return max(candidates, key=lambda b: b.get("throughput_ips") or 0) if candidates else None
 
 
+def bare_ratio_reasons(point: dict, bare_disturbed: bool = False) -> list[str]:
+    """Why a point's served ÷ bare is not a result, whatever its interval says (the record's flags; `bare_disturbed`:
+    the end-of-suite bare forward it was compared with was)."""
+    flags = (
+        ("the bare forward was disturbed", point.get("bare_disturbed") or bare_disturbed),
+        ("the point was disturbed", point.get("disturbed")),
+        ("served faster than the bare network", point.get("suspect")),
+    )
+    return [text for text, present in flags if present]
+
+
 def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
     """Per target measured beside the bare forward (the model that carries the weights, alone) and per thread
     count and input size: its best batch size against the bare forward at the same batch size, threads and
@@ -197,17 +208,8 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
                 if value is None:
                     value = ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips"))
                 low, high = interval or (None, None)
-            reasons = [
-                text
-                for text, present in (
-                    ("the bare forward was disturbed", point.get("bare_disturbed") or (beside is None and entry.get("disturbed"))),
-                    ("the point was disturbed", point.get("disturbed")),
-                    ("served faster than the bare network", point.get("suspect")),
-                )
-                if present
-            ]
             # printed as a number only when its interval is within ±15% and nothing disturbed it
-            note = uncertainty(value, interval, reasons)
+            note = uncertainty(value, interval, bare_ratio_reasons(point, beside is None and entry.get("disturbed")))
             rows.append(
                 {
                     "target": target,

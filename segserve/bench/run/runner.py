@@ -12,6 +12,7 @@ from segserve.archives.build import node_handler_settings
 from segserve.archives.catalog import Catalog
 from segserve.autoscale.loop import Autoscaler, InBackground, dag_bounds, reactions
 from segserve.autoscale.rules import Policy
+from segserve.bench.results.analysis import bare_ratio_reasons
 from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, uncertainty
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.measure import bare_shape, measure, measure_phases, process_groups, run_accuracy, run_bare
@@ -234,17 +235,8 @@ def served_vs_bare(served_windows_rps: list[float], bare_entries: list[dict]) ->
 
 def ratio_judgement(record: dict) -> dict:
     """{"ratio_bare_uncertain": None, or why the record's served ÷ bare is not a number to print}."""
-    reasons = [
-        reason
-        for reason, present in (
-            ("the bare forward was disturbed", record.get("bare_disturbed")),
-            ("the point was disturbed", record.get("disturbed")),
-            ("served faster than the bare network", record.get("suspect")),
-        )
-        if present
-    ]
     value, low, high = record.get("ratio_bare"), record.get("ratio_bare_ci_low"), record.get("ratio_bare_ci_high")
-    return {"ratio_bare_uncertain": uncertainty(value, (low, high) if low is not None else None, reasons)}
+    return {"ratio_bare_uncertain": uncertainty(value, (low, high) if low is not None else None, bare_ratio_reasons(record))}
 
 
 def combine_rounds(rounds: list[dict]) -> dict:
