@@ -18,7 +18,7 @@ def write_suite(tmp_path):
             targets: [jpeg]
             inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
             grid: {{archive: {{batch_size: [4]}}, load: {{concurrency: [2]}}}}
-            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}}
             """
         )
     )

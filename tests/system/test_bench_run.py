@@ -26,7 +26,7 @@ def result_dir(tmp_path_factory, trained_weights):
             grid:
               archive: {{batch_size: [4], jpeg_quality: [85]}}
               load: {{concurrency: [2]}}
-            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}}
             constraints: {{requests_failed: {{max: 0}}}}
             """
         )
@@ -140,7 +140,7 @@ def test_a_grid_measured_in_rounds_alternates_its_points_and_keeps_the_median_of
             grid:
               archive: {batch_size: [1, 4]}
               load: {concurrency: [2]}
-            load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}
+            load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}
             """
         )
     )

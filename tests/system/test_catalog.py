@@ -57,7 +57,7 @@ def test_a_new_dag_is_yaml_only_and_is_built_served_predicted_and_benchmarked(tm
             targets: [seg_areas, seg_areas_fused]
             inputs: [{{images: ["{project / "samples" / "shapes_0.jpg"}"]}}]
             grid: {{load: {{concurrency: [2]}}}}
-            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}}
             """
         )
     )

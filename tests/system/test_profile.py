@@ -11,7 +11,7 @@ def test_a_suite_with_profile_best_profiles_its_best_point(tmp_path, trained_wei
 targets: [seg_jpeg_fused]
 inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
 grid: {{archive: {{batch_size: [4]}}, load: {{concurrency: [4]}}}}
-load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}}
+load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}}
 profile: best
 profile_seconds: 2
 """

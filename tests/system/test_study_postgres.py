@@ -89,7 +89,8 @@ def test_two_bench_processes_share_one_study_and_collect_writes_it(postgres_url,
               runtime: {{workers: [1, 2]}}
               load: {{concurrency: [4]}}
             # two servers share 2 cores here: the other process's load is expected, not a disturbance
-            load: {{warmup_s: 0.5, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, max_others_share: 1.0}}
+            load: {{warmup_s: 0.5, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5,
+                    max_others_share: 1.0, bare_forward_s: 0.6}}
             constraints: {{requests_failed: {{max: 0}}}}
             search: {{strategy: optuna, sampler: tpe, budget: {{points: 4}}, seed: 1}}
             """

@@ -304,3 +304,27 @@ def test_bad_search_sections_are_refused_in_one_line(tmp_path, capsys, search, m
     assert main(["bench", str(write(tmp_path, text)), "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_the_bare_forwards_length_is_the_suites_and_leaves_run_ids_alone(tmp_path, monkeypatch):
+    """load.bare_forward_s: the end-of-suite bare forward measures that long per shape; it changes no served
+    measurement, so a suite that only shortens it keeps its run ids (resume and compare still match)."""
+    from segserve.bench.run import runner
+    from segserve.bench.run.session import plan_points
+    from segserve.bench.suite.spec import LoadSettings
+
+    asked = []
+    monkeypatch.setattr(runner, "run_bare", lambda weights, threads, shapes, **kw: asked.append(kw["seconds"]) or [])
+    records = [{"target": "seg", "batch_size": 4, "omp_num_threads": 2}]
+    runner.bare_throughputs(
+        records, ROOT / "weights" / "seg.pt", lambda target, alone: "seg", lambda _: None, LoadSettings(bare_forward_s=0.6)
+    )
+    runner.bare_throughputs(records, ROOT / "weights" / "seg.pt", lambda target, alone: "seg", lambda _: None, LoadSettings())
+    assert asked == [0.6, 6.0]
+
+    suite = f"targets: [seg]\ninputs: [{{images: ['{SAMPLES}']}}]\nload: {{warmup_s: 0.5EXTRA}}\n"
+    ids = []
+    for extra in ("", ", bare_forward_s: 0.6", ", window_s: 2.0"):
+        spec = load_suite(write(tmp_path, suite.replace("EXTRA", extra)), CATALOG)
+        ids.append([p.run_id for p in plan_points(spec, CATALOG, ROOT / "weights" / "seg.pt")])
+    assert ids[0] == ids[1] != ids[2]  # a served load setting does change them

@@ -149,8 +149,8 @@ class Runner:
         variant, python = self.variant(point)
         load = self.suite.load
         entries = run_bare(
-            self.deployment.weights, threads, [shape], seconds=1.5, rounds=3, log=self.log, variant=variant, python=python,
-            env=self.deployment.compile_env, max_others_share=load.max_others_share, retries=load.max_windows,
+            self.deployment.weights, threads, [shape], seconds=load.bare_forward_s / 4, rounds=3, log=self.log, variant=variant,
+            python=python, env=self.deployment.compile_env, max_others_share=load.max_others_share, retries=load.max_windows,
         )  # fmt: skip
         return entries[:1]
 
@@ -309,7 +309,7 @@ def bare_throughputs(records: list[dict], weights: Path, weights_node, log=print
 
     One process per thread count measures its shapes round-robin (segserve/model/bare.py), watched for others
     as the suite's windows are (`load`: its max_others_share and max_windows)."""
-    watch = {"max_others_share": load.max_others_share, "retries": load.max_windows} if load else {}
+    watch = {"max_others_share": load.max_others_share, "retries": load.max_windows, "seconds": load.bare_forward_s} if load else {}
     shapes_by_threads: dict[int, set] = {}
     for record in records:
         node = weights_node(record["target"], alone=False)

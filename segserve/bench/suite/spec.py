@@ -210,6 +210,9 @@ class LoadSettings(Strict):
     max_windows more); too few clean ones: the point is flagged disturbed"""
     timeout_s: Annotated[float, Field(gt=0)] = 30.0
     """A request without an answer after this long counts as failed (timeout)"""
+    bare_forward_s: Annotated[float, Field(gt=0)] = 6.0
+    """Seconds of the bare network's forward per shape at the end of the suite (the compute limit), in 3 slices;
+    a model point's own bare forward beside it takes a quarter of this"""
     phases: Annotated[list[Phase], Field(min_length=1)] | None = None
     """A time-varying load: the phases run one after the other (after warmup_s of the first phase's load) and every
     point is measured over all of them, per phase and overall (no stability windows)"""
