@@ -63,6 +63,9 @@ def server(tmp_path_factory, model_store):
 
 
 TIERS = ("unit", "integration", "system")
+# make test runs the tests on two processes (pytest-xdist, a file to a process): the longest files first, so that
+# neither process is left with a long one at the end while the other has nothing (durations measured on 2 cores)
+LONGEST_FIRST = ("test_gpu_bundle.py", "test_fuzz.py", "test_bench_run.py", "test_optimize.py", "test_study_postgres.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -70,6 +73,13 @@ def pytest_collection_modifyitems(config, items):
         tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
         if tier:
             item.add_marker(tier)
+
+    def cost(item) -> tuple:  # the system tier, then integration, then unit (short tests fill the gaps)
+        tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), "unit")
+        name = item.path.name
+        return (-TIERS.index(tier), LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
+
+    items.sort(key=cost)  # stable: within a file, its own order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA (run `make gpu-check` on a GPU machine)")

@@ -4,7 +4,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from segserve.machine.disturbance import DisturbanceSampler, machine_cpu_s
+
+# it measures other processes' CPU: alone, after the rest (make test)
+pytestmark = pytest.mark.solo
 
 BURN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 

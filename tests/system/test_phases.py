@@ -18,6 +18,7 @@ def test_a_phased_suite_measures_static_and_autoscaled_points_on_a_real_torchser
         load:
           warmup_s: 1
           window_s: 2
+          bare_forward_s: 0.6
           phases:
             - {name: small, duration_s: 5}
             - {name: large, duration_s: 8, inputs: [{synthetic: {height: 1080, width: 1920, count: 2}}]}
