@@ -68,16 +68,19 @@ TIERS = ("unit", "integration", "system")
 LONGEST_FIRST = ("test_gpu_bundle.py", "test_fuzz.py", "test_bench_run.py", "test_optimize.py", "test_study_postgres.py")
 
 
+def tier_of(item) -> str | None:
+    """The tier is the folder: `-m unit` is tests/unit/."""
+    return next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:  # the tier is the folder: `-m unit` is tests/unit/
-        tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
-        if tier:
+    for item in items:
+        if tier := tier_of(item):
             item.add_marker(tier)
 
     def cost(item) -> tuple:  # the system tier, then integration, then unit (short tests fill the gaps)
-        tier = next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), "unit")
         name = item.path.name
-        return (-TIERS.index(tier), LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
+        return (-TIERS.index(tier_of(item) or "unit"), LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
 
     items.sort(key=cost)  # stable: within a file, its own order
     if torch.cuda.is_available():
