@@ -20,7 +20,6 @@ import argparse
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from segserve import ROOT
+from segserve.serving.ts_config import free_port_base
 
 BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
 SEGSERVE = ".venv/bin/segserve"
@@ -169,26 +169,6 @@ def missing_tests(root: Path = ROOT) -> list[str]:
     return missing
 
 
-def _free_port_base() -> int:
-    """Five free loopback ports in a row (HTTP on N..N+2, gRPC on N+3, N+4), as segserve serve --port-base takes."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + 5 < 65535 and all(_free(base + i) for i in range(5)):
-            return base
-    raise RuntimeError("no five free loopback ports in a row")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 def walkthrough_script(lines: list[str], run_dir: Path, port_base: int) -> str:
     """A shell block made runnable here: the same commands, on this run folder and these ports."""
     out = ["set -euo pipefail"]
@@ -206,7 +186,7 @@ def walkthrough_script(lines: list[str], run_dir: Path, port_base: int) -> str:
 def run_walkthrough(command_block: list[str], log) -> str | None:
     """Run a walkthrough block; None when it passed, else what failed. A server it leaves is stopped."""
     with tempfile.TemporaryDirectory(prefix="doccheck-") as scratch:
-        run_dir, port_base = Path(scratch) / "run", _free_port_base()
+        run_dir, port_base = Path(scratch) / "run", free_port_base()
         script = walkthrough_script(command_block, run_dir, port_base)
         started = time.monotonic()
         try:

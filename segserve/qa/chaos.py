@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from segserve import ROOT
 from segserve.bench.run.load import CONNECTION_ERROR, TIMEOUT, LoadResult, LoadSpec, run_load
 from segserve.model.synthetic import make_sample
 from segserve.serving.server import TorchServe
+from segserve.serving.ts_config import free_port_base
 
 
 def served_targets() -> dict[str, tuple[str, str]]:
@@ -222,19 +222,6 @@ def hostile_inputs() -> list[tuple[str, str, bytes, bool]]:
         ("class map truncated", "classmap", classmap.pack(labels, 2, 8, 8)[:-3]),
     ]
     return items + [(name, kind, body, True) for name, kind, body in crafted]
-
-
-def free_port_base() -> int:
-    """A base port with the 5 ports serve opens (HTTP ×3, gRPC ×2) free on 127.0.0.1."""
-    for base in range(21000 + os.getpid() % 500 * 10, 40000, 10):
-        try:
-            for port in range(base, base + 5):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free port range on 127.0.0.1")
 
 
 def run(run_dir: Path, model_store: Path, load_s: float) -> bool:

@@ -23,10 +23,14 @@ from segserve.archives.build import tool
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving import processes
 from segserve.serving.http import Response, request
-from segserve.serving.ts_config import ADDRESS_KEYS, free_worker_port_base, loopback_ports, read_properties, render_config
+from segserve.serving.ts_config import ADDRESS_KEYS, free_worker_port_base, loopback_ports, read_properties, release_ports, render_config
 
 # The 500s TorchServe 0.12's frontend answers a scale with when it races its own workers (TorchServe.scale)
 SCALE_RACES = ("ConcurrentModificationException", "NullPointerException")
+
+
+class PortTaken(RuntimeFailure):
+    """A port of the server's config was in use when it started."""
 
 
 @dataclass
@@ -67,7 +71,17 @@ class TorchServe:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise RuntimeFailure(f"another `segserve serve` is starting TorchServe from {self.run_dir}: let it finish") from None
-            self._start(startup_timeout_s, log)  # the lock goes with the file when this returns or raises
+            # the lock goes with the file when this returns or raises
+            for attempt in (1, 2):
+                try:
+                    return self._start(startup_timeout_s, log)
+                except PortTaken as taken:
+                    # free ports of our choosing, taken before the JVM bound them: choose again, once
+                    if not self.free_ports or attempt == 2:
+                        raise
+                    log(f"{taken}; starting again on other free ports")
+                finally:
+                    release_ports(self._own_ports())  # listened on now, or given up
 
     def torchserve(self) -> str:
         """The torchserve launcher: its Python is the one every worker runs (TorchServe passes sys.executable on)."""
@@ -200,7 +214,7 @@ class TorchServe:
         for key, host, port in self.ports():
             holder = processes.port_holder(host, port)
             if holder:
-                raise RuntimeFailure(
+                raise PortTaken(
                     f"port {port} ({key} in {self.config_path}) is taken by {holder}: stop it, or choose other ports with --port-base N"
                 )
 
@@ -214,7 +228,7 @@ class TorchServe:
                 return taken
             where = re.search(r"Failed to bind to address: (\S+)", added)
             where = where.group(1) if where else "one of ports " + ", ".join(str(port) for _, _, port in self.ports())
-            return RuntimeFailure(f"TorchServe could not listen on {where}: Address already in use (free again now)")
+            return PortTaken(f"TorchServe could not listen on {where}: Address already in use (free again now)")
         capture_errors = (self.run_dir / "logs" / "capture.err").read_text(errors="replace").strip().splitlines()[-15:]
         tail = "\n".join(capture_errors) if capture_errors else self.log_tail(15)
         return RuntimeFailure(f"TorchServe exited with code {code} while starting:\n{tail}")

@@ -11,25 +11,82 @@ from segserve.errors import RuntimeFailure
 
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
 WORKER_BASE_CLAIMS_DIR = Path("/tmp/segserve-worker-bases")
+PORT_CLAIMS_DIR = Path("/tmp/segserve-ports")
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 # Ports and worker-port bases this process handed to a TorchServe: it binds them a moment later, so another
 # instance started meanwhile (`bench ab` starts two at once) must not be handed the same ones.
-_HANDED_OUT_PORTS: set[int] = set()
+_HANDED_OUT_PORTS: dict[int, object] = {}  # port -> its claim (an open, locked file), until released
 _HANDED_OUT_WORKER_BASES: set[int] = set()
 _HANDING_OUT = threading.Lock()
 _WORKER_BASE_CLAIMS: list = []  # open, locked files: released when this process ends
 
 
-def free_port() -> int:
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's ports for outgoing connections (Linux: 32768–60999 by default)."""
+    try:
+        low, high = (int(v) for v in EPHEMERAL_RANGE_FILE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def _candidate_ports(count: int) -> range:
+    """Where to look for free ports: below the kernel's ephemeral range where it leaves room, else above it."""
+    low, high = ephemeral_port_range()
+    if low - 1024 >= 1000 + count:
+        return range(max(1024, low - 10000), low - count + 1)
+    if 65535 - high >= 1000 + count:
+        return range(high + 1, 65536 - count)
+    return range(1024, 65536 - count)
+
+
+def free_port_base(count: int = 5) -> int:
+    """The first of `count` loopback ports in a row that nothing uses (`serve --port-base` takes 5), for a server
+    to bind a few seconds later (the JVM's start-up).
+
+    Chosen outside the kernel's ephemeral range: a port there can be taken in between by any process's outgoing
+    connection (a load generator opens hundreds), which made a server start fail with "Address already in use"
+    while another test process was benchmarking. Each is claimed with an flock under /tmp/segserve-ports until
+    release_ports() or this process's end, so that two processes choosing at once do not pick the same ones."""
+    candidates = _candidate_ports(count)
+    offset = (os.getpid() * 101) % len(candidates)  # processes start their searches apart
     with _HANDING_OUT:
-        while True:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
-            if port not in _HANDED_OUT_PORTS:
-                _HANDED_OUT_PORTS.add(port)
-                return port
+        for i in range(len(candidates)):
+            base = candidates[(offset + i) % len(candidates)]
+            ports = range(base, base + count)
+            if any(port in _HANDED_OUT_PORTS or not _bindable(port) for port in ports):
+                continue
+            claims = [_claim(PORT_CLAIMS_DIR, port) for port in ports]
+            if all(claim is not None for claim in claims):
+                _HANDED_OUT_PORTS.update(zip(ports, claims, strict=True))
+                return base
+            for claim in claims:
+                if claim is not None:
+                    claim.close()
+    raise RuntimeFailure(f"no {count} free loopback port(s) in a row in {candidates.start}–{candidates.stop - 1}")
+
+
+def free_port() -> int:
+    return free_port_base(1)
+
+
+def release_ports(ports) -> None:
+    """Give back ports handed out by free_port(), once their server listens on them (or gave up)."""
+    with _HANDING_OUT:
+        for port in ports:
+            if port in _HANDED_OUT_PORTS:
+                _HANDED_OUT_PORTS.pop(port).close()  # the lock goes with it
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -57,8 +114,8 @@ def render_config(template: Path, target: Path, overrides: dict[str, str]) -> No
 def loopback_ports(port_base: int | None) -> dict[str, str]:
     """HTTP addresses on 127.0.0.1 at port_base, +1, +2 and gRPC ports at +3, +4 (free ports when None).
 
-    Free ports are chosen here and bound by TorchServe a moment later: another process
-    could take one in between, which start() then reports.
+    Free ports are chosen here (free_port) and bound by TorchServe a moment later: should another process take
+    one in between, start() chooses again, once.
 
     gRPC is listed because TorchServe always opens it (7070/7071 by default), which
     would collide between instances.
@@ -68,18 +125,25 @@ def loopback_ports(port_base: int | None) -> dict[str, str]:
     return {**addresses, "grpc_inference_port": str(ports[3]), "grpc_management_port": str(ports[4])}
 
 
-def _claim_worker_base(base: int) -> bool:
-    """Lock /tmp/segserve-worker-bases/<base> for this process's life: a range whose server is still starting
-    has no sockets yet, and another process (two bench processes sharing a study) would take it too."""
-    WORKER_BASE_CLAIMS_DIR.mkdir(exist_ok=True)
-    claim = open(WORKER_BASE_CLAIMS_DIR / str(base), "a")  # noqa: SIM115 (held open: the lock lives with it)
+def _claim(folder: Path, number: int):
+    """The open, flock-ed file folder/<number>, or None where another live process holds it: a port or range
+    a server still starting has not bound yet, which another process would take too."""
+    folder.mkdir(exist_ok=True)
+    claim = open(folder / str(number), "a")  # noqa: SIM115 (held open: the lock lives with it)
     try:
         fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         claim.close()
-        return False
-    _WORKER_BASE_CLAIMS.append(claim)
-    return True
+        return None
+    return claim
+
+
+def _claim_worker_base(base: int) -> bool:
+    """Claim a worker range for this process's life (two bench processes sharing a study would take it too)."""
+    claim = _claim(WORKER_BASE_CLAIMS_DIR, base)
+    if claim is not None:
+        _WORKER_BASE_CLAIMS.append(claim)
+    return claim is not None
 
 
 def free_worker_port_base() -> int:

@@ -5,8 +5,8 @@ import boto3
 
 from segserve.archives.s3_store import fetch, upload
 from segserve.cli import main
-from segserve.qa.chaos import free_port_base
 from segserve.serving.http import Connection
+from segserve.serving.ts_config import free_port_base
 from tests.integration.test_export import aws  # noqa: F401 (the fixture)
 
 

@@ -181,6 +181,36 @@ def test_a_port_taken_while_torchserve_starts_is_one_line(tmp_path, monkeypatch)
     assert processes.server_processes(server.run_dir) == []
 
 
+def test_free_ports_taken_before_the_jvm_bound_them_are_chosen_again_once(tmp_path, monkeypatch):
+    """Free ports are bound by TorchServe seconds after they are chosen; another process can take one meanwhile
+    (it did in CI, beside a benchmark). A server on free ports then starts again on other ones."""
+    from segserve.serving import server as server_module
+
+    real_choice, calls, lines = server_module.loopback_ports, [], []
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+
+        def taken_the_first_time(port_base):
+            chosen = real_choice(port_base)
+            calls.append(chosen)
+            return {**chosen, "management_address": f"http://127.0.0.1:{taken}"} if len(calls) == 1 else chosen
+
+        monkeypatch.setattr(server_module, "loopback_ports", taken_the_first_time)
+        server = TorchServe(tmp_path / "run", tmp_path, CONFIG, free_ports=True)
+        try:
+            server.start(log=lines.append)
+            assert server.call("inference", "GET", "/ping").status == 200
+            assert server.url("management") == calls[1]["management_address"] != f"http://127.0.0.1:{taken}"
+        finally:
+            server.stop()
+    assert len(calls) == 2
+    assert any(line.startswith(f"port {taken} (management_address") and "starting again on other free ports" in line for line in lines), (
+        lines
+    )
+
+
 def test_a_start_that_never_logged_says_why(tmp_path, monkeypatch):
     """The output capture that starts TorchServe failing before anything logs (segserve not importable where it
     runs, say): its error is the reason given (it used to be an empty one)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from segserve.bench.search import study
-from segserve.qa.chaos import free_port_base
+from segserve.serving.ts_config import free_port_base
 from tests.conftest import ROOT
 from tests.unit.test_search import record, space
 from tests.unit.test_study import shared
@@ -99,7 +99,7 @@ def test_two_bench_processes_share_one_study_and_collect_writes_it(postgres_url,
     common = [sys.executable, "-m", "segserve.cli", "bench", str(suite), "--storage", postgres_url, "--weights", str(trained_weights)]
     processes = []
     for index in range(2):
-        base = free_port_base() + 20 * index  # two at once: keep their ranges apart
+        base = free_port_base()  # claimed: the second call gets other ports
         log = (tmp_path / f"bench{index}.log").open("w")
         command = [*common, "--results", str(tmp_path / f"results{index}"), "--port-base", str(base)]
         processes.append((subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log))

@@ -56,3 +56,35 @@ def test_a_worker_range_another_live_process_claimed_is_not_handed_out(monkeypat
         assert ours != theirs, theirs
     finally:
         other.communicate("\n", timeout=30)
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_a_port_another_process_claimed_is_not_handed_out(monkeypatch):
+    """An outgoing connection of any process takes its port from the ephemeral range, so a free port chosen
+    there can be gone when the JVM binds it; and two processes choosing at once must not pick the same one."""
+    import os
+    import subprocess
+    import sys
+
+    from segserve.serving import ts_config
+
+    low, _ = ts_config.ephemeral_port_range()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "from segserve.serving.ts_config import free_port as f; print(f(), flush=True); input()"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        theirs = int(other.stdout.readline())
+        monkeypatch.setattr(os, "getpid", lambda: other.pid)  # start the search where the other process did
+        monkeypatch.setattr(ts_config, "_HANDED_OUT_PORTS", {})
+        ours = ts_config.free_port()
+        assert ours != theirs and max(ours, theirs) < low, (ours, theirs, low)
+        ts_config.release_ports([ours])
+        assert ts_config.free_port() == ours  # given back: free to hand out again
+        ts_config.release_ports([ours])
+    finally:
+        other.communicate("\n", timeout=30)
+    monkeypatch.setattr(ts_config, "_HANDED_OUT_PORTS", {})
+    assert ts_config.free_port() == theirs  # the other process ended: its claim went with it

@@ -4,7 +4,6 @@ public APIs and compared with the local result folder."""
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -12,12 +11,7 @@ import urllib.request
 import pytest
 
 from segserve.cli import main
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from segserve.serving.ts_config import free_port
 
 
 def wait_for(url: str, process, timeout_s: float = 90) -> None:
