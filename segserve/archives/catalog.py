@@ -112,6 +112,7 @@ class Catalog:
         self.models = {path.stem: _node_model(path) for path in self._model_configs()}
         self.dags = {path.stem: _dag(self.root, path, self.models) for path in sorted((self.root / "workflows").glob("*.yaml"))}
         self._check_names()
+        self.foreign: dict = {}  # target name → a user's archive (add_foreign)
         for model in self.models.values():  # models no DAG uses (a DAG's own nodes were checked with its file)
             if not _handler_exists(self.root, model.handler):
                 raise UsageError(f"{model.config}: segserve.handler {model.handler!r} does not exist (no handlers/{model.handler}.py)")
@@ -141,6 +142,16 @@ class Catalog:
             fused = dag.name + FUSED_SUFFIX
             targets[fused] = Target(fused, "fused", nodes, dag.name, tuple(order.leaves))
         return targets
+
+    def add_foreign(self, archives: list) -> None:
+        """A suite's archive targets (segserve/archives/foreign.py: ForeignArchive), as targets of this catalog."""
+        for archive in archives:
+            if self.foreign.get(archive.name) == archive:  # the same suite read again
+                continue
+            if archive.name in self.targets:
+                raise UsageError(f"targets: {archive.name!r} is a catalog target: give the archive target another name")
+            self.targets[archive.name] = archive.target()
+            self.foreign[archive.name] = archive
 
     def target(self, name: str, what: str = "target") -> Target:
         if name not in self.targets:

@@ -280,14 +280,23 @@ class TorchServe:
         return request(self.url(api), method, path, token=self.token(api), body=body, timeout_s=timeout_s)
 
     def register_model(
-        self, archive: str, name: str, workers: int = 1, batch_size: int | None = None, max_batch_delay_ms: int | None = None, log=print
+        self,
+        archive: str,
+        name: str,
+        workers: int = 1,
+        batch_size: int | None = None,
+        max_batch_delay_ms: int | None = None,
+        response_timeout_s: int | None = None,
+        log=print,
     ) -> None:
-        """POST /models; batching from the archive's model-config unless given."""
+        """POST /models; batching and timeout from the archive's model-config unless given."""
         path = f"/models?url={archive}&model_name={name}&initial_workers={workers}&synchronous=true"
         if batch_size is not None:
             path += f"&batch_size={batch_size}"
         if max_batch_delay_ms is not None:
             path += f"&max_batch_delay={max_batch_delay_ms}"
+        if response_timeout_s is not None:
+            path += f"&response_timeout={response_timeout_s}"
         self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}")
         started = len(self.describe(name).get("workers", []))
         if started != workers:  # TorchServe 0.12: the archive's minWorkers/maxWorkers win over initial_workers

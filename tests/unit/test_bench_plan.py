@@ -47,7 +47,7 @@ def test_typos_wrong_types_and_impossible_combinations_give_one_line_each(tmp_pa
     expected = [
         "targets.1: unknown target 'segjpeg' — did you mean 'seg_jpeg'?",
         "inputs.1.raw.dtype: Input should be 'float16', 'float32' or 'bfloat16' (got 'float8') — did you mean 'float32'?",
-        "inputs.2: give exactly one of 'images', 'raw' or 'synthetic'",
+        "inputs.2: give exactly one of 'images', 'files', 'raw', 'tensor', 'json_template', 'multipart' or 'synthetic'",
         "grid.archive.batch_sise: unknown key — did you mean 'batch_size'?",
         "grid.runtime.workers.0: Input should be greater than or equal to 1 (got 0)",
         "grid.load: give exactly one of 'concurrency' (closed loop) or 'request_rate_rps' (open loop)",

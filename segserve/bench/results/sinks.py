@@ -112,6 +112,10 @@ class Best(Sink):
         text = (best_dir / "config.properties").read_text()
         (best_dir / "config.properties").write_text(note + "\n" + text)
         target = self.catalog.targets[chosen["target"]]
+        foreign = self.catalog.foreign.get(target.name)
+        if foreign is not None:
+            self.foreign_best(best_dir, chosen, target, foreign, on)
+            return
         if target.dag is None:
             return
         dag = self.catalog.dags[target.dag]
@@ -127,6 +131,42 @@ class Best(Sink):
                     entry[key] = chosen[f"{node}_{param}"]
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
+
+
+    @staticmethod
+    def foreign_best(best_dir, chosen: dict, target, foreign, on: str) -> None:
+        """A user's archive at its best point: the management API calls that register it so (best/register.sh),
+        and for a .war its spec with each node's values written in (best/<name>.yaml, to archive again)."""
+
+        def value(node: str, param: str):
+            return chosen.get(f"{node}_{param}", chosen.get(param))
+
+        header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
+        management = "${TS_MANAGEMENT:-http://127.0.0.1:8081}"
+        if foreign.kind == "model":
+            query = f"url={foreign.path.name}&model_name={target.name}&initial_workers={chosen['workers']}&synchronous=true"
+            for param, key in (("batch_size", "batch_size"), ("max_batch_delay_ms", "max_batch_delay"), ("response_timeout", "response_timeout")):
+                if chosen.get(param) is not None:
+                    query += f"&{key}={chosen[param]}"
+            calls = [f'curl -fsS -X POST "{management}/models?{query}"']
+            calls.append(f'curl -fsS -X PUT "{management}/models/{target.name}?min_worker={chosen["workers"]}&max_worker={chosen["workers"]}&synchronous=true"')
+        else:
+            nodes = {}
+            for node in foreign.nodes:
+                entry = {"min-workers": value(node, "workers"), "max-workers": value(node, "workers")}
+                for param, key in (("batch_size", "batch-size"), ("max_batch_delay_ms", "max-batch-delay")):
+                    if value(node, param) is not None:
+                        entry[key] = value(node, param)
+                if value(node, "response_timeout") is not None:
+                    entry["timeout-ms"] = value(node, "response_timeout") * 1000
+                nodes[node] = entry
+            (best_dir / f"{target.name}.yaml").write_text(header + foreign.best_spec(nodes))
+            calls = [
+                f"# archive best/{target.name}.yaml with your handler into {target.name}.war (torch-workflow-archiver --spec-file), then:",
+                f'curl -fsS -X POST "{management}/workflows?url={target.name}.war&workflow_name={target.name}"',
+            ]
+        script = "#!/bin/sh\n" + header + "# TS_MANAGEMENT: the management API (default http://127.0.0.1:8081)\nset -e\n" + "\n".join(calls) + "\n"
+        (best_dir / "register.sh").write_text(script)
 
 
 class Terminal(Sink):

@@ -36,6 +36,17 @@ def _digest(value) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+def _spec_entry(registration: dict, workers: int | None) -> dict:
+    """A workflow spec's `models:` entry for a node: its registration values (a response timeout in seconds is
+    the spec's timeout-ms) and its workers."""
+    entry = {key: value for key, value in registration.items() if key != "response-timeout"}
+    if "response-timeout" in registration:
+        entry["timeout-ms"] = registration["response-timeout"] * 1000
+    if workers is not None:
+        entry.update({"min-workers": workers, "max-workers": workers})
+    return entry
+
+
 class Deployment:
     def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print, env: dict | None = None, port_base: int | None = None):
         self.suite, self.catalog, self.weights, self.log = suite, catalog, weights, log
@@ -137,12 +148,27 @@ class Deployment:
         node_settings, stage, registration = settings_for(point, target)
         self.check_python({s.get("optimize") for s in node_settings.values()})
         workers = point.workers
-        if target.kind == "workflow":
+        foreign = self.catalog.foreign.get(target.name)
+        if foreign is not None and target.kind == "workflow":
+            spec_models = {node.name: _spec_entry(registration.get(node.name, {}), workers.get(node.name)) for node in target.nodes}
+            server.register_workflow(foreign.install(self.store, spec_models), target.name, log=lambda _: None)
+        elif foreign is not None:
+            first = registration.get(target.nodes[0].name, {})
+            count = next(iter(workers.values()))
+            server.register_model(
+                foreign.install(self.store),
+                target.name,
+                count,
+                first.get("batch-size"),
+                first.get("max-batch-delay"),
+                first.get("response-timeout"),
+                log=lambda _: None,
+            )
+        elif target.kind == "workflow":
             urls, spec_models = {}, {}
             for node in target.nodes:
                 urls[node.name] = self._node_mar(target, node, node_settings.get(node.name, {}), {})
-                count = workers[node.name]
-                spec_models[node.name] = {**registration.get(node.name, {}), "min-workers": count, "max-workers": count}
+                spec_models[node.name] = _spec_entry(registration.get(node.name, {}), workers[node.name])
             # the .war is written again each time under the target's name (TorchServe names nodes after it)
             self.recipe.workflow_archive(self.catalog.dags[target.dag], target.name, urls, spec_models)
             server.register_workflow(target.archive, target.name, log=lambda _: None)
@@ -156,7 +182,15 @@ class Deployment:
                 archive = self._node_mar(target, target.nodes[0], node_settings.get(target.name, {}), {})
             first = registration.get(target.nodes[0].name, {})
             count = next(iter(workers.values()))
-            server.register_model(archive, target.name, count, first.get("batch-size"), first.get("max-batch-delay"), log=lambda _: None)
+            server.register_model(
+                archive,
+                target.name,
+                count,
+                first.get("batch-size"),
+                first.get("max-batch-delay"),
+                first.get("response-timeout"),
+                log=lambda _: None,
+            )
         for model in target.models:
             server.wait_ready(model, WORKER_LOAD_TIMEOUT_S)
         self.registered_key, self.fresh_workers = key, True

@@ -1,6 +1,9 @@
-"""Request bodies for each target: image files, raw tensors, and class maps for the jpeg member."""
+"""Request bodies for each target: image files, any files, raw tensors, JSON from a template, multipart
+form data of named parts, and class maps for the jpeg member."""
 
 import glob
+import hashlib
+import json
 from pathlib import Path
 
 import torch
@@ -13,12 +16,21 @@ from segserve.model.train import normalise
 TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+class Body(bytes):
+    """A request body that is sent with its own Content-Type (JSON, multipart); plain bytes go as octet-stream."""
+
+    def __new__(cls, data: bytes, content_type: str):
+        body = super().__new__(cls, data)
+        body.content_type = content_type
+        return body
+
+
 def request_bodies(specs: list[InputSpec]) -> list[bytes]:
-    """What clients send to seg, the workflow and the fused pipeline, in the specs' order."""
+    """What clients send, in the specs' order."""
     bodies = []
     for spec in specs:
-        if spec.images is not None:
-            bodies += [Path(p).read_bytes() for pattern in spec.images for p in sorted(glob.glob(pattern))]
+        if spec.images is not None or spec.files is not None:
+            bodies += [Path(p).read_bytes() for pattern in spec.images or spec.files for p in sorted(glob.glob(pattern))]
         elif spec.synthetic is not None:
             from torchvision.io import encode_jpeg
 
@@ -26,6 +38,13 @@ def request_bodies(specs: list[InputSpec]) -> list[bytes]:
             for index in range(photos.count):
                 image, _ = make_sample(photos.seed + index, photos.height, photos.width)
                 bodies.append(encode_jpeg(image, quality=photos.quality).numpy().tobytes())
+        elif spec.tensor is not None:
+            bodies += [tensor_bytes(spec.tensor, spec.tensor.seed + index) for index in range(spec.tensor.count)]
+        elif spec.json_template is not None:
+            template = spec.json_template
+            bodies += [Body(json.dumps(_fill(template.template, index)).encode(), "application/json") for index in range(template.count)]
+        elif spec.multipart is not None:
+            bodies.append(multipart(spec.multipart))
         else:
             raw = spec.raw
             for index in range(raw.count):
@@ -33,6 +52,46 @@ def request_bodies(specs: list[InputSpec]) -> list[bytes]:
                 tensor = normalise(image[None])[0].to(TORCH_DTYPES[raw.dtype])
                 bodies.append(tensor.view(torch.uint8).numpy().tobytes())
     return bodies
+
+
+def tensor_bytes(spec, seed: int) -> bytes:
+    """A tensor's raw bytes (C order): normal values for floats, integers in [0, 100)."""
+    generator = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, spec.dtype)
+    if dtype.is_floating_point:
+        tensor = torch.randn(spec.shape, generator=generator).to(dtype)
+    else:
+        tensor = torch.randint(0, 100, spec.shape, generator=generator, dtype=dtype)
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def _fill(value, index: int):
+    if isinstance(value, str):
+        return value.replace("{index}", str(index))
+    if isinstance(value, list):
+        return [_fill(item, index) for item in value]
+    if isinstance(value, dict):
+        return {key: _fill(item, index) for key, item in value.items()}
+    return value
+
+
+def multipart(parts) -> Body:
+    """One multipart/form-data body of named parts (TorchServe gives the handler each part under its name)."""
+    contents = []
+    for part in parts:
+        if part.file is not None:
+            contents.append((part.name, Path(part.file).read_bytes()))
+        elif part.text is not None:
+            contents.append((part.name, part.text.encode()))
+        else:
+            contents.append((part.name, tensor_bytes(part.tensor, part.tensor.seed)))
+    # from the contents, so that the same parts give the same body (run ids); a part holding a hash of itself: never
+    boundary = "segserve-" + hashlib.sha256(b"".join(name.encode() + data for name, data in contents)).hexdigest()[:40]
+    lines = b""
+    for name, data in contents:
+        lines += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n'.encode()
+        lines += b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n"
+    return Body(lines + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}")
 
 
 def class_maps(bodies: list[bytes], weights: Path, seg_config_path: Path) -> list[bytes]:

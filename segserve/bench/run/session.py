@@ -105,8 +105,11 @@ class Setup:
 
     @cache  # noqa: B019
     def bodies_for(self, name: str, phase: str | None = None) -> list[bytes]:
+        archive = self.suite.archive_targets.get(name)
+        if archive is not None and archive.inputs:  # a user's archive: what it is sent, its own (phases too)
+            return request_bodies(archive.inputs)
         target = self.catalog.targets.get(name)
-        if target is None or target.takes == "image":
+        if target is None or archive is not None or target.takes == "image":
             return list(self.images(phase))
         # class maps: what the model that turns images into class maps answers for the images
         return class_maps(list(self.images(phase)), self.weights, self.producer(target.takes).config)
@@ -133,6 +136,13 @@ class Setup:
         http = suite.http_targets.get(name)
         if http is not None:
             return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
+        server = [path.read_bytes() for path in (root / "config.properties", Path(suite.core_plan or "")) if path.is_file()]
+        foreign = self.catalog.foreign.get(name)
+        if foreign is not None:  # the user's archive and its node archives, as they are now
+            archive = suite.archive_targets[name]
+            inputs = request_bodies(archive.inputs) if archive.inputs else self.all_images()
+            recipe = [path.read_bytes() for path in foreign.files() if path.is_file()]
+            return {**parts, "inputs": _digest(*inputs), "recipe": _digest(*recipe), "server": _digest(*server)}
         target = self.catalog.targets[name]
         if target.takes != "image":  # its inputs are what the producer model makes of the images
             producer = self.producer(target.takes)
@@ -144,7 +154,6 @@ class Setup:
         recipe = [path.read_bytes() for path in sorted(files) if path.exists()]
         if any(node.model.weights for node in target.nodes):
             recipe.append(self.weights_digest())
-        server = [path.read_bytes() for path in (root / "config.properties", Path(suite.core_plan or "")) if path.is_file()]
         return {**parts, "recipe": _digest(*recipe), "server": _digest(*server)}
 
     def digests(self) -> dict[str, str]:

@@ -94,6 +94,14 @@ PARAMS = {
             doc="TorchServe max batch delay",
         ),
         Param(
+            "response_timeout",
+            "archive",
+            PositiveInt,
+            registration="response-timeout",
+            per_node=True,
+            doc="TorchServe's response timeout in seconds (a workflow node's timeout-ms)",
+        ),
+        Param(
             "precision",
             "archive",
             Literal["fp32", "fp16", "bf16"],

@@ -68,7 +68,10 @@ def _axis(values: dict) -> list[Params]:
 def archive_values(suite: Suite, target: Target) -> dict:
     """The archive-level parameters that apply to a target, DAG-wide and per node, with the suite's values."""
     archive = suite.grid.archive
-    values = {p.name: getattr(archive, p.name) for p in at_level("archive") if p.applies_to_handlers(target.handlers)}
+    params = at_level("archive")
+    if target.name in suite.archive_targets:  # a user's handlers: only TorchServe's registration values apply
+        params = [p for p in params if p.registration]
+    values = {p.name: getattr(archive, p.name) for p in params if p.applies_to_handlers(target.handlers)}
     if target.kind == "model":
         return values
     by_node = {node.name: node.model.handler for node in target.nodes}
@@ -76,7 +79,7 @@ def archive_values(suite: Suite, target: Target) -> dict:
         if node not in by_node:
             continue
         for name, options in given.model_dump(exclude_none=True).items():
-            if node_value_applies(PARAMS[name], by_node[node], target.kind):
+            if PARAMS[name] in params and node_value_applies(PARAMS[name], by_node[node], target.kind):
                 values[node_param(node, name)] = options
     return values
 

@@ -12,11 +12,22 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from segserve.archives.catalog import Catalog, unknown
 from segserve.bench.suite.columns import METRICS
@@ -59,19 +70,78 @@ class SyntheticPhotos(Strict):
     """First photo's seed"""
 
 
+class TensorInput(Strict):
+    """A raw tensor body of any element type and shape, random values from a seed (a model that takes tensors)."""
+
+    dtype: Literal["float16", "float32", "bfloat16", "int64", "int32", "uint8"] = "float32"
+    """Element type"""
+    shape: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+    """Dimensions, e.g. [3, 256, 448]"""
+    count: Annotated[int, Field(ge=1)] = 4
+    """Distinct bodies, sent round-robin"""
+    seed: int = 0
+    """Seed of the first body (body i: seed + i); integers are drawn in [0, 100)"""
+
+
+class JsonTemplate(Strict):
+    """JSON bodies from a template: `{index}` in any string of it becomes the body's number (0, 1, …)."""
+
+    template: dict | list | str
+    """The JSON value sent, with {index} replaced in its strings"""
+    count: Annotated[int, Field(ge=1)] = 1
+    """Distinct bodies, sent round-robin"""
+
+
+class Part(Strict):
+    """One named part of a multipart/form-data request: TorchServe hands it to the handler under its name."""
+
+    name: Annotated[str, Field(min_length=1)]
+    """The part's name (the key the handler reads)"""
+    file: str | None = None
+    """A file's bytes"""
+    text: str | None = None
+    """A string (UTF-8)"""
+    tensor: TensorInput | None = None
+    """A raw tensor (its count is ignored: one per part)"""
+
+    @model_validator(mode="after")
+    def one_kind(self):
+        if sum(kind is not None for kind in (self.file, self.text, self.tensor)) != 1:
+            raise ValueError(f"part {self.name!r}: give exactly one of 'file', 'text' or 'tensor'")
+        return self
+
+
 class InputSpec(Strict):
     images: list[str] | None = None
     """Image files or globs (JPEG, PNG), relative to the working directory"""
+    files: list[str] | None = None
+    """Any files or globs, each sent as it is (application/octet-stream)"""
     raw: RawInput | None = None
     """Raw tensor bodies (synthetic images, normalised)"""
+    tensor: TensorInput | None = None
+    """Raw tensor bodies of any shape and type"""
+    json_template: JsonTemplate | None = None
+    """JSON bodies (application/json) from a template"""
+    multipart: Annotated[list[Part], Field(min_length=1)] | None = None
+    """Several named parts in one multipart/form-data request (a model with several inputs: tokens and mask)"""
     synthetic: SyntheticPhotos | None = None
     """JPEG photos from the synthetic generator"""
 
     @model_validator(mode="after")
     def one_kind(self):
-        if sum(kind is not None for kind in (self.images, self.raw, self.synthetic)) != 1:
-            raise ValueError("give exactly one of 'images', 'raw' or 'synthetic'")
+        kinds = (self.images, self.files, self.raw, self.tensor, self.json_template, self.multipart, self.synthetic)
+        if sum(kind is not None for kind in kinds) != 1:
+            raise ValueError("give exactly one of 'images', 'files', 'raw', 'tensor', 'json_template', 'multipart' or 'synthetic'")
+        if self.multipart is not None:
+            names = [part.name for part in self.multipart]
+            if len(set(names)) != len(names):
+                raise ValueError(f"multipart: a part name is given twice (got {names})")
         return self
+
+    @property
+    def patterns(self) -> list[str]:
+        """The file names and globs it reads (checked before anything starts)."""
+        return [*(self.images or []), *(self.files or []), *(part.file for part in self.multipart or [] if part.file)]
 
 
 def _grid_fields(params, all_optional: bool = False) -> dict:
@@ -163,6 +233,42 @@ def _loopback_address(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+class ArchiveTarget(Strict):
+    """A .mar or .war segserve did not build, registered with TorchServe as it is (the file is never changed)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z][\w-]*$")]
+    """The model or workflow name it is registered under, and its name in the results"""
+    archive: str
+    """The .mar or .war: a path (relative to the working directory)"""
+    model_store: str | None = None
+    """The folder holding the .mar files a .war's nodes name (default: the .war's folder)"""
+    inputs: Annotated[list[InputSpec], Field(min_length=1)] | None = None
+    """What this target is sent, round-robin (default: the suite's inputs)"""
+
+    @field_validator("archive")
+    @classmethod
+    def archive_file(cls, archive: str) -> str:
+        if not archive.endswith((".mar", ".war")):
+            raise ValueError(f"{archive!r}: give a .mar or .war file")
+        return archive
+
+
+def _target_kind(value) -> str:
+    """Which kind of target a `targets:` entry is, so that a wrong one gets only that kind's errors."""
+    if isinstance(value, HttpTarget | ArchiveTarget):
+        return type(value).__name__
+    if isinstance(value, dict):
+        return "ArchiveTarget" if "archive" in value else "HttpTarget"
+    return "str"
+
+
+TARGET_KINDS = ("str", "HttpTarget", "ArchiveTarget")
+TargetEntry = Annotated[
+    Union[Annotated[str, Tag("str")], Annotated[HttpTarget, Tag("HttpTarget")], Annotated[ArchiveTarget, Tag("ArchiveTarget")]],  # noqa: UP007 (tags)
+    Discriminator(_target_kind),
+]
 
 
 class Phase(Strict):
@@ -299,8 +405,8 @@ class Suite(Strict):
 
     name: str | None = None
     """The result folder's name (results/<name>/<UTC time>); none: the file's name"""
-    targets: Annotated[list[str | HttpTarget], Field(min_length=1)]
-    """Catalog targets (seg, jpeg, seg_jpeg, seg_jpeg_fused, …) and http targets"""
+    targets: Annotated[list[TargetEntry], Field(min_length=1)]
+    """Catalog targets (seg, jpeg, seg_jpeg, seg_jpeg_fused, …), http targets and archive targets (a user's .mar/.war)"""
     inputs: Annotated[list[InputSpec], Field(min_length=1)]
     """What the clients send, round-robin (targets that take class maps get the seg handler's answers to them)"""
     grid: Grid = Grid()
@@ -331,8 +437,9 @@ class Suite(Strict):
 
     @property
     def input_specs(self) -> list[InputSpec]:
-        """Every input the suite sends: its own and its phases'."""
-        return self.inputs + [spec for phase in self.load.phases or [] for spec in phase.inputs or []]
+        """Every input the suite sends: its own, its phases' and its archive targets'."""
+        phases = [spec for phase in self.load.phases or [] for spec in phase.inputs or []]
+        return self.inputs + phases + [spec for target in self.archive_targets.values() for spec in target.inputs or []]
 
     @field_validator("constraints")
     @classmethod
@@ -366,6 +473,10 @@ class Suite(Strict):
     def http_targets(self) -> dict[str, HttpTarget]:
         return {t.name: t for t in self.targets if isinstance(t, HttpTarget)}
 
+    @property
+    def archive_targets(self) -> dict[str, ArchiveTarget]:
+        return {t.name: t for t in self.targets if isinstance(t, ArchiveTarget)}
+
 
 def _check_metric(tag: str) -> str:
     if tag not in METRICS:
@@ -392,7 +503,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple) -> list[str]:
 def format_errors(path: Path, error: ValidationError) -> list[str]:
     lines = []
     for item in error.errors():
-        loc = tuple(item["loc"])
+        loc = tuple(part for index, part in enumerate(item["loc"]) if not (index == 2 and part in TARGET_KINDS))  # union tags
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         if item["type"] == "extra_forbidden":
             close = difflib.get_close_matches(str(loc[-1]), _allowed_keys(Suite, loc), n=1)
@@ -430,10 +541,13 @@ def load_suite(path: Path, catalog: Catalog) -> Suite:
         raise UsageError("\n".join(unknown_targets + format_errors(path, error))) from None
     if unknown_targets:
         raise UsageError("\n".join(unknown_targets))
-    missing = [pattern for spec in suite.input_specs for pattern in spec.images or [] if not glob.glob(pattern)]
+    missing = [pattern for spec in suite.input_specs for pattern in spec.patterns if not glob.glob(pattern)]
     if missing:
         raise UsageError("\n".join(f"{path}: inputs: no file matches {pattern!r}" for pattern in missing))
-    problems = catalog_problems(suite, catalog) + expand_headers(suite)
+    from segserve.archives.foreign import read_archive
+
+    catalog.add_foreign([read_archive(t.name, t.archive, t.model_store) for t in suite.archive_targets.values()])
+    problems = catalog_problems(suite, catalog) + foreign_problems(suite, catalog) + expand_headers(suite)
     if problems:
         raise UsageError("\n".join(f"{path}: {problem}" for problem in problems))
     if suite.name is None:
@@ -444,7 +558,7 @@ def load_suite(path: Path, catalog: Catalog) -> Suite:
 def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
     """Target, node and parameter names the catalog does not know; parameters an http target cannot take."""
     problems = []
-    deployed = [t for t in suite.targets if isinstance(t, str)]
+    deployed = [t for t in suite.targets if isinstance(t, str)] + list(suite.archive_targets)
     for name in suite.http_targets:
         if name in catalog.targets:
             problems.append(f"targets: {name!r} is a catalog target: give the http target another name")
@@ -479,6 +593,31 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
         if swept:
             names = ", ".join(suite.http_targets)
             problems.append(f"targets: http target(s) {names} take only load parameters; swept here: {', '.join(swept)}")
+    return problems
+
+
+def foreign_problems(suite: Suite, catalog: Catalog) -> list[str]:
+    """segserve-handler settings asked of archive targets, whose handlers are their own: only TorchServe's
+    registration values (batch size, delay, timeout), workers, server and load parameters apply to them."""
+    if not suite.archive_targets:
+        return []
+    problems = []
+    ours = [catalog.targets[t] for t in suite.target_names if t in catalog.targets and t not in suite.archive_targets]
+    handler_params = [p for p in at_level("archive") if not p.registration]
+    for param in handler_params:
+        if param.name in suite.grid.archive.model_fields_set and not any(param.applies_to_handlers(t.handlers) for t in ours):
+            names = ", ".join(suite.archive_targets)
+            problems.append(
+                f"grid.archive.{param.name}: a setting of segserve's handlers; archive target(s) {names} run their own "
+                "(batch_size, max_batch_delay_ms and response_timeout apply to them)"
+            )
+    for name in suite.archive_targets:
+        for node in catalog.targets[name].nodes:
+            given = suite.grid.archive.nodes.get(node.name)
+            for param in handler_params:
+                if given is not None and param.name in given.model_fields_set:
+                    where = f"grid.archive.nodes.{node.name}.{param.name}"
+                    problems.append(f"{where}: a setting of segserve's handlers; {name}'s node {node.name!r} runs its own")
     return problems
 
 

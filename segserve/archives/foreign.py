@@ -1,0 +1,124 @@
+"""Archives segserve never built (a user's .mar or .war) as targets of a suite, registered as they are.
+
+The user's files are never changed and their handlers never imported here. A .mar is copied into the bench's
+model store and registered with the point's batch size, delay, timeout and workers (management API
+parameters). A .war is copied with its spec's `models:` rewritten for the point (TorchServe reads a
+workflow's batching and workers from there only), beside copies of the .mar files its nodes name, taken from
+the target's model_store. What is wrong with an archive (not a zip, no MANIFEST, a handler that does not load)
+is for TorchServe to say when the point registers it: that point fails with its reason and the suite goes on.
+"""
+
+import io
+import json
+import shutil
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from segserve.archives.catalog import WORKFLOW_MODEL_KEYS, Node, NodeModel, Target
+from segserve.errors import UsageError
+
+FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it
+WAR_MANIFEST = "WAR-INF/MANIFEST.json"
+
+
+@dataclass(frozen=True)
+class ForeignArchive:
+    name: str  # what it is registered as
+    path: Path  # the user's file
+    model_store: Path  # where a .war's node .mar files are
+    spec: dict | None = None  # a .war's workflow spec, as read from it (None: a .mar, or a .war that cannot be read)
+    spec_file: str | None = None  # its name inside the .war
+
+    @property
+    def kind(self) -> str:
+        return "workflow" if self.path.suffix == ".war" else "model"
+
+    @property
+    def nodes(self) -> dict[str, str]:
+        """A .war's model nodes in DAG order (the root first) → the .mar each names; function nodes, which run in
+        the frontend, have none."""
+        models = (self.spec or {}).get("models") or {}
+        urls = {node: entry.get("url") for node, entry in models.items() if node not in WORKFLOW_MODEL_KEYS and isinstance(entry, dict)}
+        order = [*self._dag_order(), *urls]
+        return {node: urls[node] for node in dict.fromkeys(order) if node in urls and isinstance(urls[node], str)}
+
+    def _dag_order(self) -> list[str]:
+        dag = (self.spec or {}).get("dag") or {}
+        return list(dict.fromkeys([*dag, *(child for kids in dag.values() for child in kids or [])]))
+
+    def target(self) -> Target:
+        if self.kind == "model":
+            return Target(self.name, "model", (Node(self.name, _model(self.name, self.path)),), leaves=(self.name,))
+        nodes = tuple(Node(node, _model(Path(url).stem, self.model_store / url)) for node, url in self.nodes.items())
+        return Target(self.name, "workflow", nodes, leaves=tuple(self._leaves()))
+
+    def _leaves(self) -> list[str]:
+        dag = (self.spec or {}).get("dag") or {}
+        return [node for node in self._dag_order() if not dag.get(node)] if dag else list(self.nodes)
+
+    def files(self) -> list[Path]:
+        """What a measurement of it depends on (for its run ids): the archive and a .war's node archives."""
+        return [self.path, *(self.model_store / url for url in self.nodes.values())]
+
+    def install(self, store: Path, spec_models: dict[str, dict] | None = None) -> str:
+        """Put it into `store` for registration: a .mar copied (once); a .war written with its nodes' entries
+        updated by `spec_models` (node → {batch-size, max-batch-delay, timeout-ms, min-workers, max-workers}),
+        beside its node .mar files. Returns the file name to register."""
+        if self.kind == "model":
+            copy = store / f"{self.name}.mar"
+            if not copy.exists():
+                shutil.copyfile(self.path, copy)
+            return copy.name
+        for url in self.nodes.values():
+            source, copy = self.model_store / url, store / url
+            if source.is_file() and not copy.exists():  # a missing one: TorchServe names it when registering
+                shutil.copyfile(source, copy)
+        copy = store / f"{self.name}.war"
+        if self.spec is None:  # unreadable: registered as it is, for TorchServe's reason
+            shutil.copyfile(self.path, copy)
+            return copy.name
+        spec = json.loads(json.dumps(self.spec))
+        for node, values in (spec_models or {}).items():
+            spec["models"][node].update(values)
+        with zipfile.ZipFile(self.path) as original, zipfile.ZipFile(copy, "w", zipfile.ZIP_DEFLATED) as written:
+            for item in original.infolist():
+                data = original.read(item.filename)
+                if item.filename == self.spec_file:
+                    data = yaml.safe_dump(spec, sort_keys=False).encode()
+                written.writestr(item, data)
+        return copy.name
+
+    def best_spec(self, node_values: dict[str, dict]) -> str:
+        """The .war's spec with the best point's values written in (best/<name>.yaml)."""
+        spec = json.loads(json.dumps(self.spec))
+        for node, values in node_values.items():
+            spec["models"][node].update(values)
+        return yaml.safe_dump(spec, sort_keys=False)
+
+
+def _model(name: str, path: Path) -> NodeModel:
+    return NodeModel(name, path, FOREIGN, False, FOREIGN, FOREIGN)
+
+
+def read_archive(name: str, archive: str, model_store: str | None) -> ForeignArchive:
+    """The archive target's archive; a .war's spec read from it (one it cannot read fails at registration)."""
+    path = Path(archive)
+    if not path.is_file():
+        raise UsageError(f"targets.{name}.archive: no such file {archive!r}")
+    store = Path(model_store) if model_store else path.parent
+    if model_store and not store.is_dir():
+        raise UsageError(f"targets.{name}.model_store: no such folder {model_store!r}")
+    if path.suffix == ".mar":
+        return ForeignArchive(name, path.resolve(), store.resolve())
+    try:
+        with zipfile.ZipFile(path) as war:
+            spec_file = json.loads(war.read(WAR_MANIFEST))["workflow"]["specFile"]
+            spec = yaml.safe_load(io.BytesIO(war.read(spec_file)))
+        if not isinstance(spec, dict) or not isinstance(spec.get("models"), dict):
+            raise ValueError("no models: mapping")
+    except (zipfile.BadZipFile, KeyError, ValueError, TypeError, yaml.YAMLError):
+        return ForeignArchive(name, path.resolve(), store.resolve())
+    return ForeignArchive(name, path.resolve(), store.resolve(), spec, spec_file)

@@ -1,0 +1,136 @@
+"""Archive targets (a user's .mar or .war) in a suite: what applies to them, what is refused in one line, and the
+request formats a model of any input takes (raw tensors, JSON from a template, multipart parts)."""
+
+import email.parser
+import json
+import zipfile
+
+import pytest
+import torch
+import yaml
+
+from segserve.archives.catalog import Catalog
+from segserve.bench.run.inputs import request_bodies
+from segserve.bench.suite import plan as planning
+from segserve.bench.suite.spec import InputSpec, load_suite
+from segserve.errors import UsageError
+from tests.conftest import ROOT
+
+
+def write_war(path, spec: dict) -> None:
+    """A .war as torch-workflow-archiver writes one (its manifest, spec and handler file)."""
+    manifest = {"workflow": {"workflowName": path.stem, "specFile": "spec.yaml", "handler": "handler.py"}}
+    with zipfile.ZipFile(path, "w") as war:
+        war.writestr("WAR-INF/MANIFEST.json", json.dumps(manifest))
+        war.writestr("spec.yaml", yaml.safe_dump(spec))
+        war.writestr("handler.py", "")
+
+
+def suite_file(tmp_path, text: str):
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def archives(tmp_path):
+    (tmp_path / "mine.mar").write_bytes(b"not opened by segserve")
+    spec = {"models": {"batch-size": 1, "pre": {"url": "pre.mar"}, "post": {"url": "post.mar"}}, "dag": {"pre": ["post", "tail"]}}
+    write_war(tmp_path / "flow.war", spec)
+    (tmp_path / "blob.bin").write_bytes(b"\x00\x01")
+    return tmp_path
+
+
+def test_archive_targets_take_registration_values_and_workers_per_node(archives, monkeypatch):
+    monkeypatch.chdir(archives)
+    suite = load_suite(
+        suite_file(
+            archives,
+            """
+targets:
+  - {name: mine, archive: mine.mar}
+  - {name: flow, archive: flow.war}
+inputs: [{tensor: {dtype: float16, shape: [3, 8, 8]}}]
+grid:
+  archive: {batch_size: [1, 4], response_timeout: [30]}
+  runtime: {post_workers: [1, 2]}
+""",
+        ),
+        catalog := Catalog(ROOT),
+    )
+    flow = catalog.targets["flow"]
+    assert flow.kind == "workflow" and [n.name for n in flow.nodes] == ["pre", "post"]  # `tail`: a function node
+    assert flow.models == ("flow__pre", "flow__post") and flow.leaves == ("post", "tail")
+    points = planning.expand(suite, catalog)
+    params = {(p.target, tuple(sorted(p.params.items()))) for p in points}
+    # only TorchServe's values: no precision or jpeg_quality (segserve handler settings) on a user's handler
+    assert all(set(dict(p.archive)) == {"batch_size", "max_batch_delay_ms", "response_timeout"} for p in points), params
+    assert sorted((p.target, p.params["batch_size"], p.workers.get("post")) for p in points if p.target == "flow") == [
+        ("flow", 1, 1),
+        ("flow", 1, 2),
+        ("flow", 4, 1),
+        ("flow", 4, 2),
+    ]
+    assert len([p for p in points if p.target == "mine"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("grid", "named"),
+    [
+        ("archive: {precision: [fp16]}", "grid.archive.precision: a setting of segserve's handlers"),
+        ("archive: {nodes: {pre: {micro_batch_size: [2]}}}", "grid.archive.nodes.pre.micro_batch_size: a setting of segserve's handlers"),
+    ],
+)
+def test_a_segserve_handler_setting_on_an_archive_target_is_refused_naming_it(archives, monkeypatch, grid, named):
+    monkeypatch.chdir(archives)
+    text = f"targets: [{{name: flow, archive: flow.war}}]\ninputs: [{{files: [blob.bin]}}]\ngrid: {{{grid}}}\n"
+    with pytest.raises(UsageError) as refused:
+        load_suite(suite_file(archives, text), Catalog(ROOT))
+    assert named in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("target", "inputs", "says"),
+    [
+        ("{name: mine, archive: gone.mar}", "[{files: [blob.bin]}]", "targets.mine.archive: no such file 'gone.mar'"),
+        ("{name: mine, archive: mine.zip}", "[{files: [blob.bin]}]", "give a .mar or .war file"),
+        ("{name: seg, archive: mine.mar}", "[{files: [blob.bin]}]", "'seg' is a catalog target"),
+        ("{name: mine, archive: mine.mar}", "[{files: [missing.bin]}]", "inputs: no file matches 'missing.bin'"),
+        ("{name: mine, archive: mine.mar}", "[{multipart: [{file: blob.bin}]}]", "inputs.0.multipart.0.name: Field required"),
+        ("{name: mine, archive: mine.mar, inputs: [{files: [nope.bin]}]}", "[{files: [blob.bin]}]", "no file matches 'nope.bin'"),
+    ],
+)
+def test_bad_archive_targets_and_inputs_are_refused_in_one_line_before_anything_starts(archives, monkeypatch, target, inputs, says):
+    monkeypatch.chdir(archives)
+    with pytest.raises(UsageError) as refused:
+        load_suite(suite_file(archives, f"targets: [{target}]\ninputs: {inputs}\n"), Catalog(ROOT))
+    assert says in str(refused.value) and len(str(refused.value).splitlines()) == 1, str(refused.value)
+
+
+def test_tensor_json_and_multipart_bodies(tmp_path):
+    (tmp_path / "mask.bin").write_bytes(bytes([1, 0, 1, 1]))
+    specs = [
+        InputSpec.model_validate({"tensor": {"dtype": "int64", "shape": [2, 3], "count": 2, "seed": 5}}),
+        InputSpec.model_validate({"json_template": {"template": {"text": "request {index}", "n": [1, "{index}"]}, "count": 2}}),
+        InputSpec.model_validate(
+            {
+                "multipart": [
+                    {"name": "tokens", "tensor": {"dtype": "int32", "shape": [4]}},
+                    {"name": "mask", "file": str(tmp_path / "mask.bin")},
+                ]
+            }
+        ),
+    ]
+    tensors, texts, (form,) = (request_bodies([spec]) for spec in specs)
+    assert [len(body) for body in tensors] == [2 * 3 * 8] * 2 and tensors[0] != tensors[1]
+    assert torch.frombuffer(bytearray(tensors[0]), dtype=torch.int64).reshape(2, 3).max() < 100
+    assert request_bodies(specs[:1]) == tensors  # the same seed, the same bytes (run ids stay)
+    assert [json.loads(body) for body in texts] == [{"text": "request 0", "n": [1, "0"]}, {"text": "request 1", "n": [1, "1"]}]
+    assert texts[0].content_type == "application/json"
+    message = email.parser.BytesParser().parsebytes(f"Content-Type: {form.content_type}\r\n\r\n".encode() + bytes(form))
+    parts = {part.get_param("name", header="content-disposition"): part.get_payload(decode=True) for part in message.get_payload()}
+    assert parts == {
+        "tokens": bytes(request_bodies([InputSpec.model_validate({"tensor": {"dtype": "int32", "shape": [4]}})])[0]),
+        "mask": bytes([1, 0, 1, 1]),
+    }
+    assert request_bodies(specs[2:]) == [form]  # the boundary comes from the parts: the same body every run
