@@ -143,6 +143,17 @@ class Catalog:
             targets[fused] = Target(fused, "fused", nodes, dag.name, tuple(order.leaves))
         return targets
 
+    @property
+    def config_template(self) -> Path:
+        """The project's TorchServe config.properties; segserve's own where the folder has none (a user who
+        benchmarks only archives of their own, from their folder)."""
+        own = self.root / "config.properties"
+        if own.is_file():
+            return own
+        from segserve import ROOT
+
+        return ROOT / "config.properties"
+
     def add_foreign(self, archives: list) -> None:
         """A suite's archive targets (segserve/archives/foreign.py: ForeignArchive), as targets of this catalog."""
         for archive in archives:

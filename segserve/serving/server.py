@@ -26,6 +26,7 @@ from segserve.serving.http import Response, request
 from segserve.serving.ts_config import ADDRESS_KEYS, free_worker_port_base, loopback_ports, read_properties, release_ports, render_config
 
 # The 500s TorchServe 0.12's frontend answers a scale with when it races its own workers (TorchServe.scale)
+PYTHON_ERROR = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception): .*)$")  # `ModuleNotFoundError: No module named 'x'`
 SCALE_RACES = ("ConcurrentModificationException", "NullPointerException")
 
 
@@ -297,16 +298,17 @@ class TorchServe:
             path += f"&max_batch_delay={max_batch_delay_ms}"
         if response_timeout_s is not None:
             path += f"&response_timeout={response_timeout_s}"
-        self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}")
+        since = self.model_log_size()
+        self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}", since)
         started = len(self.describe(name).get("workers", []))
         if started != workers:  # TorchServe 0.12: the archive's minWorkers/maxWorkers win over initial_workers
             self.scale(name, workers)
         log(f"registered model {name} ({archive}, {workers} worker(s))")
 
     def register_workflow(self, archive: str, name: str, log=print) -> None:
-        self._expect_ok(
-            self.call("management", "POST", f"/workflows?url={archive}&workflow_name={name}"), f"registering workflow {archive}"
-        )
+        since = self.model_log_size()
+        response = self.call("management", "POST", f"/workflows?url={archive}&workflow_name={name}")
+        self._expect_ok(response, f"registering workflow {archive}", since)
         log(f"registered workflow {name} ({archive})")
 
     def scale(self, model: str, workers: int, attempts: int = 6) -> Response:
@@ -358,10 +360,35 @@ class TorchServe:
             time.sleep(0.5)
         raise RuntimeFailure(f"workers of {model} are not READY after {timeout_s:.0f}s:\n{self.log_tail()}")
 
-    def _expect_ok(self, response: Response, what: str) -> Response:
+    def _expect_ok(self, response: Response, what: str, since: int = 0) -> Response:
+        """The response, or a failure whose first line has TorchServe's reason (a caller may keep only that line):
+        its answer's message, and the last Python error its workers logged after byte `since` of their log (a
+        handler that fails to import)."""
         if response.status >= 300:
-            raise RuntimeFailure(f"{what} failed: HTTP {response.status} {response.text()[:500]}\n{self.log_tail(20)}")
+            text = response.text()
+            try:
+                message = json.loads(text).get("message") or text
+            except (ValueError, AttributeError):
+                message = text
+            reason = f"{what} failed: HTTP {response.status}: {' '.join(str(message).split())[:300]}"
+            worker_error = self.worker_error(since)
+            if worker_error:
+                reason += f"; the worker logged: {worker_error}"
+            raise RuntimeFailure(f"{reason}\n{self.log_tail(20)}")
         return response
+
+    def model_log_size(self) -> int:
+        path = self.run_dir / "logs" / "model_log.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def worker_error(self, since: int = 0) -> str | None:
+        """The last Python exception line (`ModuleNotFoundError: No module named 'captum'`) in the workers' log
+        after byte `since` (a rotated log: its whole current file)."""
+        path = self.run_dir / "logs" / "model_log.log"
+        data = path.read_bytes() if path.exists() else b""
+        lines = data[since if since <= len(data) else 0 :].decode(errors="replace").splitlines()[-400:]
+        found = [m.group(1) for m in map(PYTHON_ERROR.search, lines) if m]
+        return found[-1][:300] if found else None
 
 
 def _sizes(logs: Path) -> dict[Path, int]:

@@ -134,3 +134,21 @@ def test_tensor_json_and_multipart_bodies(tmp_path):
         "mask": bytes([1, 0, 1, 1]),
     }
     assert request_bodies(specs[2:]) == [form]  # the boundary comes from the parts: the same body every run
+
+
+def test_a_war_is_registered_from_a_copy_with_each_nodes_values_written_into_its_spec(archives, tmp_path):
+    from segserve.archives.foreign import read_archive
+
+    (archives / "pre.mar").write_bytes(b"pre")
+    store = tmp_path / "store"
+    store.mkdir()
+    original = (archives / "flow.war").read_bytes()
+    flow = read_archive("flow", str(archives / "flow.war"), None)
+    name = flow.install(store, {"pre": {"batch-size": 4, "timeout-ms": 30000, "min-workers": 2, "max-workers": 2}})
+    with zipfile.ZipFile(store / name) as war:
+        spec = yaml.safe_load(war.read("spec.yaml"))
+        assert sorted(war.namelist()) == ["WAR-INF/MANIFEST.json", "handler.py", "spec.yaml"]
+    assert spec["models"]["pre"] == {"url": "pre.mar", "batch-size": 4, "timeout-ms": 30000, "min-workers": 2, "max-workers": 2}
+    assert spec["models"]["post"] == {"url": "post.mar"} and spec["dag"] == {"pre": ["post", "tail"]}
+    assert (archives / "flow.war").read_bytes() == original  # the user's file is left as it was
+    assert (store / "pre.mar").read_bytes() == b"pre" and not (store / "post.mar").exists()  # a missing node: TorchServe says so

@@ -101,7 +101,7 @@ class Best(Sink):
         best_dir = run.out_dir / "best"
         best_dir.mkdir(exist_ok=True)
         overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
-        render_config(self.catalog.root / "config.properties", best_dir / "config.properties", overrides)
+        render_config(self.catalog.config_template, best_dir / "config.properties", overrides)
         # best for the machine it was measured on: int8 that wins with VNNI loses without it
         machine = chosen.get("environment") or run.environment
         on = f"# Best on: {label(machine)}; on another machine, measure again (best/machine.json)."

@@ -104,7 +104,7 @@ class Deployment:
             overrides["cpu_launcher_enable"] = "true"
         core_plan = Path(self.suite.core_plan) if pinning == "plan" else None
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
-        config = self.catalog.root / "config.properties"
+        config = self.catalog.config_template
         ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
         venv = Path(params["venv"]) if params.get("venv") else None
         self.server = TorchServe(run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, venv=venv, **ports)

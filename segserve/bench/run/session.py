@@ -129,14 +129,14 @@ class Setup:
     def parts(self, name: str) -> dict[str, str]:
         """Digests of what changes a target's measurement besides its parameters. The code (handlers/, segserve/)
         is left out on purpose: `bench compare` compares two versions of it; records keep the git sha."""
-        root, suite = self.catalog.root, self.suite
+        suite = self.suite
         # the bare forward's length changes no served measurement: left out, so run ids stay those of older runs
         load = suite.load.model_dump(exclude_none=True, exclude={"bare_forward_s"})
         parts = {"load": _digest(load), "inputs": _digest(*self.all_images())}
         http = suite.http_targets.get(name)
         if http is not None:
             return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
-        server = [path.read_bytes() for path in (root / "config.properties", Path(suite.core_plan or "")) if path.is_file()]
+        server = [path.read_bytes() for path in (self.catalog.config_template, Path(suite.core_plan or "")) if path.is_file()]
         foreign = self.catalog.foreign.get(name)
         if foreign is not None:  # the user's archive and its node archives, as they are now
             archive = suite.archive_targets[name]
@@ -253,7 +253,10 @@ def run_suite(
     hand every record to the sinks; return the result folder (RuntimeFailure, exit 1, when every point failed:
     the folder is written all the same). An optuna search keeps its study in storage_url
     (default: study.log in the result folder), which other bench processes may share."""
-    if not weights.exists():
+    carry_weights = any(
+        node.model.weights for name in suite.target_names if name in catalog.targets for node in catalog.targets[name].nodes
+    )
+    if carry_weights and not weights.exists():  # a suite of a user's archives and endpoints needs none
         raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
     check_rounds(suite, rounds, resume, storage_url)
     check_storage(suite, storage_url)

@@ -1,0 +1,181 @@
+"""Archives segserve never wrote, built here with the official archivers from handlers that never import segserve,
+benchmarked as a user would: a TorchScript model behind its own BaseHandler (raw tensors in), a two-node workflow
+(that model, then a Pillow JPEG function handler), a two-input model fed multipart requests, and broken ones."""
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from segserve.cli import main
+
+BIN = Path(sys.executable).parent
+
+TINY_HANDLER = '''
+import torch
+import yaml
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class TinySegmenter(BaseHandler):
+    """Raw float32 [3, 32, 32] in, one class byte per pixel out."""
+
+    def preprocess(self, data):
+        rows = [torch.frombuffer(bytearray(row.get("data") or row.get("body")), dtype=torch.float32) for row in data]
+        return torch.stack([row.reshape(3, 32, 32) for row in rows])
+
+    def postprocess(self, logits):
+        return [bytes(labels.to(torch.uint8).flatten().tolist()) for labels in logits.argmax(1)]
+'''
+
+JPEG_HANDLER = """
+import io
+
+from PIL import Image
+
+
+def handle(data, context):
+    if data is None:  # TorchServe's load-time call
+        return None
+    answers = []
+    for row in data:
+        labels = bytes(row.get("data") or row.get("body"))
+        image = Image.frombytes("L", (32, 32), bytes(min(255, 80 * value) for value in labels))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=90)
+        answers.append(buffer.getvalue())
+    return answers
+"""
+
+TWO_INPUT_HANDLER = """
+import json
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    return [json.dumps({"tokens": len(row["tokens"]), "mask": sum(row["mask"])}) for row in data]
+"""
+
+
+def run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def model_archive(folder: Path, name: str, handler_source: str, serialized: Path | None = None) -> Path:
+    handler = folder / f"{name}_handler.py"
+    handler.write_text(handler_source)
+    command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--handler", str(handler)]
+    command += ["--serialized-file", str(serialized)] if serialized else []
+    run([*command, "--export-path", str(folder), "--force"])
+    return folder / f"{name}.mar"
+
+
+@pytest.fixture(scope="module")
+def user_archives(tmp_path_factory) -> Path:
+    """A user's folder: tiny.mar, encode.mar, pipeline.war (tiny → encode), pair.mar (multipart), broken ones."""
+    folder = tmp_path_factory.mktemp("user")
+    network = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 1))
+    torch.jit.script(network.eval()).save(str(folder / "tiny.pt"))
+    model_archive(folder, "tiny", TINY_HANDLER, folder / "tiny.pt")
+    model_archive(folder, "encode", JPEG_HANDLER)
+    model_archive(folder, "pair", TWO_INPUT_HANDLER)
+    spec = folder / "pipeline.yaml"
+    spec.write_text(
+        textwrap.dedent(
+            """
+            models:
+              min-workers: 1
+              max-workers: 1
+              batch-size: 1
+              tiny: {url: tiny.mar}
+              encode: {url: encode.mar}
+            dag:
+              tiny: [encode]
+            """
+        )
+    )
+    (folder / "pipeline_functions.py").write_text("")
+    workflow = [str(BIN / "torch-workflow-archiver"), "--workflow-name", "pipeline", "--spec-file", str(spec)]
+    run([*workflow, "--handler", str(folder / "pipeline_functions.py"), "--export-path", str(folder), "--force"])
+    (folder / "not_a_zip.mar").write_bytes(b"this is not an archive")
+    # TorchServe's own default handler on a TorchScript model: 0.12's vision handlers import captum, which it does not
+    # install; its worker cannot start (DESIGN.md, "What users bring")
+    model = [str(BIN / "torch-model-archiver"), "--model-name", "classifier", "--version", "1.0", "--handler", "image_classifier"]
+    run([*model, "--serialized-file", str(folder / "tiny.pt"), "--export-path", str(folder), "--force"])
+    (folder / "mask.bin").write_bytes(bytes([1, 0, 1, 1, 1]))
+    return folder
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.?ar"))}
+
+
+def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, monkeypatch, capsys):
+    before = digests(user_archives)
+    monkeypatch.chdir(user_archives)
+    suite = tmp_path / "mine.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            """
+            targets:
+              - {name: tiny, archive: tiny.mar}
+              - {name: pipeline, archive: pipeline.war}
+              - name: pair
+                archive: pair.mar
+                inputs: [{multipart: [{name: tokens, tensor: {dtype: int64, shape: [16]}}, {name: mask, file: mask.bin}]}]
+            inputs: [{tensor: {dtype: float32, shape: [3, 32, 32], count: 3}}]
+            grid:
+              archive: {batch_size: [4], max_batch_delay_ms: [2]}
+              runtime: {tiny_workers: [1, 2], encode_workers: [2], pair_workers: [1]}
+              load: {concurrency: [4]}
+            load: {warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}
+            """
+        )
+    )
+    assert main(["bench", str(suite), "--results", str(tmp_path / "results")]) == 0, capsys.readouterr().err
+    (folder,) = (tmp_path / "results" / "mine").iterdir()
+    rows = [json.loads(path.read_text()) for path in sorted((folder / "runs").glob("*.json"))]  # whole records
+    outcomes = [{k: r.get(k) for k in ("run_id", "error", "requests_ok", "requests_failed", "failures_by_status")} for r in rows]
+    assert all(r["error"] is None and r["requests_ok"] > 0 and r["requests_failed"] == 0 for r in rows), outcomes
+    seen = sorted((r["target"], r["batch_size"], r.get("tiny_workers"), r.get("encode_workers")) for r in rows)
+    assert seen == [("pair", 4, None, None), ("pipeline", 4, 1, 2), ("pipeline", 4, 2, 2), ("tiny", 4, 1, None), ("tiny", 4, 2, None)]
+    assert digests(user_archives) == before  # the user's files are never changed
+    # best/: the workflow's best point (a pipeline is preferred to models), as management calls and its spec
+    best = max((r for r in rows if r["target"] == "pipeline"), key=lambda r: r["throughput_rps"])
+    script = (folder / "best" / "register.sh").read_text()
+    assert f"# From {best['run_id']} (pipeline)" in script and "/workflows?url=pipeline.war&workflow_name=pipeline" in script
+    spec = yaml.safe_load((folder / "best" / "pipeline.yaml").read_text())
+    assert spec["models"]["tiny"]["min-workers"] == best["tiny_workers"] and spec["models"]["encode"]["max-workers"] == 2
+    assert spec["models"]["tiny"]["batch-size"] == best["batch_size"] and spec["dag"] == {"tiny": ["encode"]}
+
+
+def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite_goes_on(user_archives, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(user_archives)
+    suite = tmp_path / "broken.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            """
+            targets:
+              - {name: garbage, archive: not_a_zip.mar}
+              - {name: classifier, archive: classifier.mar}
+              - {name: tiny, archive: tiny.mar}
+            inputs: [{tensor: {dtype: float32, shape: [3, 32, 32]}}]
+            grid: {load: {concurrency: [2]}}
+            load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 2, stability_tolerance: 0.9}
+            """
+        )
+    )
+    assert main(["bench", str(suite), "--results", str(tmp_path / "results")]) == 0
+    (folder,) = (tmp_path / "results" / "broken").iterdir()
+    rows = {r["target"]: r for r in (json.loads(line) for line in (folder / "summary.jsonl").read_text().splitlines())}
+    assert rows["tiny"]["error"] is None and rows["tiny"]["requests_ok"] > 0
+    assert rows["garbage"]["error"].startswith("RuntimeFailure: registering garbage.mar as garbage failed: HTTP "), rows["garbage"]
+    assert "ModuleNotFoundError: No module named 'captum'" in rows["classifier"]["error"], rows["classifier"]["error"]
