@@ -149,7 +149,7 @@ def run_collect(args) -> int:
 
 
 def run_suite(args) -> int:
-    from segserve.bench.run.session import check_rounds, check_storage, describe_search, plan_points, strategy_for
+    from segserve.bench.run.session import carries_weights, check_rounds, check_storage, describe_search, plan_points, strategy_for
     from segserve.bench.run.session import run_suite as run_points
     from segserve.bench.search import study
     from segserve.bench.suite import plan
@@ -169,7 +169,7 @@ def run_suite(args) -> int:
         print(describe_search(suite, known, points))
         if args.rounds > 1:
             print(f"--rounds {args.rounds}: every point measured {args.rounds} times, so about {args.rounds}× the time above")
-        if not Path(args.weights).exists():
+        if carries_weights(suite, known) and not Path(args.weights).exists():
             print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
         return 0
     resume = Path(args.resume) if args.resume else None

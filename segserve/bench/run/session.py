@@ -230,6 +230,11 @@ def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.
     return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
 
 
+def carries_weights(suite: Suite, catalog: Catalog) -> bool:
+    """Whether a target of the suite is built from segserve's weights (archive and http targets are not)."""
+    return any(node.model.weights for name in suite.target_names if name in catalog.targets for node in catalog.targets[name].nodes)
+
+
 def check_storage(suite: Suite, storage_url: str | None) -> None:
     if storage_url is not None and suite.search.strategy != "optuna":
         raise UsageError(f"--storage: only an optuna search keeps its trials in a study (this suite's search is {suite.search.strategy})")
@@ -253,10 +258,7 @@ def run_suite(
     hand every record to the sinks; return the result folder (RuntimeFailure, exit 1, when every point failed:
     the folder is written all the same). An optuna search keeps its study in storage_url
     (default: study.log in the result folder), which other bench processes may share."""
-    carry_weights = any(
-        node.model.weights for name in suite.target_names if name in catalog.targets for node in catalog.targets[name].nodes
-    )
-    if carry_weights and not weights.exists():  # a suite of a user's archives and endpoints needs none
+    if carries_weights(suite, catalog) and not weights.exists():  # a suite of a user's archives and endpoints needs none
         raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
     check_rounds(suite, rounds, resume, storage_url)
     check_storage(suite, storage_url)
