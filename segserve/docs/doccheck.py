@@ -83,6 +83,11 @@ RULES: list[tuple[str, str, str]] = [
         "test",
         "tests/system/test_bench_run.py::test_a_grid_measured_in_rounds_alternates_its_points_and_keeps_the_median_of_each",
     ),
+    (
+        r"benchmarks/foreign/build\.py|segserve bench <repo>/benchmarks/foreign/",
+        "test",
+        "tests/system/test_foreign_archives.py::test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder",
+    ),
     (r"segserve bench (benchmarks/\S+\.yaml)", "dry-run", ""),
     (
         r"segserve bench SUITE\.yaml --resume",

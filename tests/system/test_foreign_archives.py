@@ -4,6 +4,7 @@ benchmarked as a user would: a TorchScript model behind its own BaseHandler (raw
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -55,6 +56,7 @@ def handle(data, context):
 
 TWO_INPUT_HANDLER = """
 import json
+import re
 
 
 def handle(data, context):
@@ -179,3 +181,17 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
     assert rows["tiny"]["error"] is None and rows["tiny"]["requests_ok"] > 0
     assert rows["garbage"]["error"].startswith("RuntimeFailure: registering garbage.mar as garbage failed: HTTP "), rows["garbage"]
     assert "ModuleNotFoundError: No module named 'captum'" in rows["classifier"]["error"], rows["classifier"]["error"]
+
+
+def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(tmp_path, monkeypatch, capsys):
+    """benchmarks/foreign/: build.py makes a user's archives with the official archivers, and each suite there plans
+    its points from the archives' folder (what docs/benchmarking.md's measurement ran)."""
+    root = Path(__file__).resolve().parents[2]
+    run([sys.executable, str(root / "benchmarks" / "foreign" / "build.py"), str(tmp_path / "archives")])
+    assert {"seg.mar", "jpeg.mar", "seed.war", "image_0.bin", "logits_0.bin"} <= {p.name for p in (tmp_path / "archives").iterdir()}
+    monkeypatch.chdir(tmp_path / "archives")
+    counts = {}
+    for suite in sorted((root / "benchmarks" / "foreign").glob("*.yaml")):
+        assert main(["bench", str(suite), "--dry-run"]) == 0, capsys.readouterr().err
+        counts[suite.stem] = len(re.findall(r"^ +\d+\. ", capsys.readouterr().out, re.MULTILINE))  # the planned points
+    assert counts == {"seed_grid": 48, "seed_members": 16, "seed_search": 48, "seed_side_by_side": 3}
