@@ -79,6 +79,7 @@ grid:
     [
         ("archive: {precision: [fp16]}", "grid.archive.precision: a setting of segserve's handlers"),
         ("archive: {nodes: {pre: {micro_batch_size: [2]}}}", "grid.archive.nodes.pre.micro_batch_size: a setting of segserve's handlers"),
+        ("archive: {nodes: {pre: {precision: [fp16]}}}", "grid.archive.nodes.pre.precision: a setting of segserve's handlers"),
     ],
 )
 def test_a_segserve_handler_setting_on_an_archive_target_is_refused_naming_it(archives, monkeypatch, grid, named):
@@ -86,7 +87,7 @@ def test_a_segserve_handler_setting_on_an_archive_target_is_refused_naming_it(ar
     text = f"targets: [{{name: flow, archive: flow.war}}]\ninputs: [{{files: [blob.bin]}}]\ngrid: {{{grid}}}\n"
     with pytest.raises(UsageError) as refused:
         load_suite(suite_file(archives, text), Catalog(ROOT))
-    assert named in str(refused.value)
+    assert named in str(refused.value) and len(str(refused.value).splitlines()) == 1, str(refused.value)
 
 
 @pytest.mark.parametrize(

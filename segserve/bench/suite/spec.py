@@ -570,6 +570,8 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
             continue
         handlers = {(t.kind, n.model.handler) for t in known for n in t.nodes if n.name == node}
         for name in given.model_dump(exclude_none=True):
+            if not PARAMS[name].registration and all(t.name in suite.archive_targets for t in known if node in {n.name for n in t.nodes}):
+                continue  # a segserve-handler setting on nodes of a user's archives only: foreign_problems says so
             if not any(node_value_applies(PARAMS[name], handler, kind) for kind, handler in handlers):
                 problems.append(
                     f"grid.archive.nodes.{node}.{name}: applies to no target here (its handler takes no {name}, or the "
