@@ -80,9 +80,7 @@ class ForeignArchive:
         if self.spec is None:  # unreadable: registered as it is, for TorchServe's reason
             shutil.copyfile(self.path, copy)
             return copy.name
-        spec = json.loads(json.dumps(self.spec))
-        for node, values in (spec_models or {}).items():
-            spec["models"][node].update(values)
+        spec = self.spec_with(spec_models or {})
         with zipfile.ZipFile(self.path) as original, zipfile.ZipFile(copy, "w", zipfile.ZIP_DEFLATED) as written:
             for item in original.infolist():
                 data = original.read(item.filename)
@@ -91,12 +89,12 @@ class ForeignArchive:
                 written.writestr(item, data)
         return copy.name
 
-    def best_spec(self, node_values: dict[str, dict]) -> str:
-        """The .war's spec with the best point's values written in (best/<name>.yaml)."""
+    def spec_with(self, node_values: dict[str, dict]) -> dict:
+        """The .war's spec (a copy) with these values written into its nodes' `models:` entries."""
         spec = json.loads(json.dumps(self.spec))
         for node, values in node_values.items():
             spec["models"][node].update(values)
-        return yaml.safe_dump(spec, sort_keys=False)
+        return spec
 
 
 def _model(name: str, path: Path) -> NodeModel:

@@ -120,11 +120,21 @@ def digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.?ar"))}
 
 
+def bench(tmp_path: Path, name: str, suite_text: str, capsys) -> tuple[Path, list[dict]]:
+    """`segserve bench` of a suite written as <name>.yaml: its result folder and its whole records (runs/)."""
+    suite = tmp_path / f"{name}.yaml"
+    suite.write_text(suite_text)
+    assert main(["bench", str(suite), "--results", str(tmp_path / "results")]) == 0, capsys.readouterr().err
+    (folder,) = (tmp_path / "results" / name).iterdir()
+    return folder, [json.loads(path.read_text()) for path in sorted((folder / "runs").glob("*.json"))]
+
+
 def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, monkeypatch, capsys):
     before = digests(user_archives)
     monkeypatch.chdir(user_archives)
-    suite = tmp_path / "mine.yaml"
-    suite.write_text(
+    folder, rows = bench(
+        tmp_path,
+        "mine",
         textwrap.dedent(
             """
             targets:
@@ -140,11 +150,9 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
               load: {concurrency: [4]}
             load: {warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5}
             """
-        )
+        ),
+        capsys,
     )
-    assert main(["bench", str(suite), "--results", str(tmp_path / "results")]) == 0, capsys.readouterr().err
-    (folder,) = (tmp_path / "results" / "mine").iterdir()
-    rows = [json.loads(path.read_text()) for path in sorted((folder / "runs").glob("*.json"))]  # whole records
     outcomes = [{k: r.get(k) for k in ("run_id", "error", "requests_ok", "requests_failed", "failures_by_status")} for r in rows]
     assert all(r["error"] is None and r["requests_ok"] > 0 and r["requests_failed"] == 0 for r in rows), outcomes
     seen = sorted((r["target"], r["batch_size"], r.get("tiny_workers"), r.get("encode_workers")) for r in rows)
@@ -161,8 +169,9 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
 
 def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite_goes_on(user_archives, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(user_archives)
-    suite = tmp_path / "broken.yaml"
-    suite.write_text(
+    _, records = bench(
+        tmp_path,
+        "broken",
         textwrap.dedent(
             """
             targets:
@@ -173,11 +182,10 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
             grid: {load: {concurrency: [2]}}
             load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 2, stability_tolerance: 0.9}
             """
-        )
+        ),
+        capsys,
     )
-    assert main(["bench", str(suite), "--results", str(tmp_path / "results")]) == 0
-    (folder,) = (tmp_path / "results" / "broken").iterdir()
-    rows = {r["target"]: r for r in (json.loads(line) for line in (folder / "summary.jsonl").read_text().splitlines())}
+    rows = {r["target"]: r for r in records}
     assert rows["tiny"]["error"] is None and rows["tiny"]["requests_ok"] > 0
     assert rows["garbage"]["error"].startswith("RuntimeFailure: registering garbage.mar as garbage failed: HTTP "), rows["garbage"]
     assert "ModuleNotFoundError: No module named 'captum'" in rows["classifier"]["error"], rows["classifier"]["error"]

@@ -32,24 +32,31 @@ def test_instances_started_at_once_are_handed_different_ports_and_worker_ranges(
     assert len({base for _, base in chosen}) == 4
 
 
-def test_a_worker_range_another_live_process_claimed_is_not_handed_out(monkeypatch):
-    """Two bench processes (a shared study) start servers at once: a range whose server has no sockets yet is
-    still taken while the process that chose it lives."""
-    import os
+def claimed_in_another_process(chooser: str):
+    """(a live child process, what segserve.serving.ts_config.<chooser>() handed it); it holds its claim until
+    it reads a line."""
     import subprocess
     import sys
 
-    from segserve.serving import ts_config
-
     other = subprocess.Popen(
-        [sys.executable, "-c", "from segserve.serving.ts_config import free_worker_port_base as f; print(f(), flush=True); input()"],
+        [sys.executable, "-c", f"from segserve.serving.ts_config import {chooser} as f; print(f(), flush=True); input()"],
         cwd=ROOT,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    return other, int(other.stdout.readline())
+
+
+def test_a_worker_range_another_live_process_claimed_is_not_handed_out(monkeypatch):
+    """Two bench processes (a shared study) start servers at once: a range whose server has no sockets yet is
+    still taken while the process that chose it lives."""
+    import os
+
+    from segserve.serving import ts_config
+
+    other, theirs = claimed_in_another_process("free_worker_port_base")
     try:
-        theirs = int(other.stdout.readline())
         monkeypatch.setattr(os, "getpid", lambda: other.pid)  # start the search where the other process did
         monkeypatch.setattr(ts_config, "_HANDED_OUT_WORKER_BASES", set())
         ours = ts_config.free_worker_port_base()
@@ -62,21 +69,12 @@ def test_free_ports_lie_below_the_ephemeral_range_and_a_port_another_process_cla
     """An outgoing connection of any process takes its port from the ephemeral range, so a free port chosen
     there can be gone when the JVM binds it; and two processes choosing at once must not pick the same one."""
     import os
-    import subprocess
-    import sys
 
     from segserve.serving import ts_config
 
     low, _ = ts_config.ephemeral_port_range()
-    other = subprocess.Popen(
-        [sys.executable, "-c", "from segserve.serving.ts_config import free_port as f; print(f(), flush=True); input()"],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    other, theirs = claimed_in_another_process("free_port")
     try:
-        theirs = int(other.stdout.readline())
         monkeypatch.setattr(os, "getpid", lambda: other.pid)  # start the search where the other process did
         monkeypatch.setattr(ts_config, "_HANDED_OUT_PORTS", {})
         ours = ts_config.free_port()

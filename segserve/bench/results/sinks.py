@@ -15,6 +15,7 @@ from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
 from segserve.bench.results.report import write_report
 from segserve.bench.results.store import write_summary
+from segserve.bench.suite.plan import spec_entry
 from segserve.bench.suite.spec import Suite
 from segserve.archives.catalog import Catalog
 from segserve.serving.ts_config import render_config
@@ -153,14 +154,10 @@ class Best(Sink):
         else:
             nodes = {}
             for node in foreign.nodes:
-                entry = {"min-workers": value(node, "workers"), "max-workers": value(node, "workers")}
-                for param, key in (("batch_size", "batch-size"), ("max_batch_delay_ms", "max-batch-delay")):
-                    if value(node, param) is not None:
-                        entry[key] = value(node, param)
-                if value(node, "response_timeout") is not None:
-                    entry["timeout-ms"] = value(node, "response_timeout") * 1000
-                nodes[node] = entry
-            (best_dir / f"{target.name}.yaml").write_text(header + foreign.best_spec(nodes))
+                keys = {"batch-size": "batch_size", "max-batch-delay": "max_batch_delay_ms", "response-timeout": "response_timeout"}
+                registration = {key: value(node, param) for key, param in keys.items() if value(node, param) is not None}
+                nodes[node] = spec_entry(registration, value(node, "workers"))
+            (best_dir / f"{target.name}.yaml").write_text(header + yaml.safe_dump(foreign.spec_with(nodes), sort_keys=False))
             calls = [
                 f"# archive best/{target.name}.yaml with your handler into {target.name}.war (torch-workflow-archiver --spec-file), then:",
                 f'curl -fsS -X POST "{management}/workflows?url={target.name}.war&workflow_name={target.name}"',

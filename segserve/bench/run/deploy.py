@@ -19,7 +19,7 @@ from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
 from segserve.bench.run.measure import Endpoint
 from segserve.bench.suite.params import at_level
-from segserve.bench.suite.plan import Point, settings_for
+from segserve.bench.suite.plan import Point, settings_for, spec_entry
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.server import TorchServe
@@ -34,17 +34,6 @@ OPTIMIZATION_MODULES = {"int8": "torchao", "ipex": "intel_extension_for_pytorch"
 
 def _digest(value) -> str:
     return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
-
-
-def _spec_entry(registration: dict, workers: int | None) -> dict:
-    """A workflow spec's `models:` entry for a node: its registration values (a response timeout in seconds is
-    the spec's timeout-ms) and its workers."""
-    entry = {key: value for key, value in registration.items() if key != "response-timeout"}
-    if "response-timeout" in registration:
-        entry["timeout-ms"] = registration["response-timeout"] * 1000
-    if workers is not None:
-        entry.update({"min-workers": workers, "max-workers": workers})
-    return entry
 
 
 class Deployment:
@@ -148,32 +137,21 @@ class Deployment:
         node_settings, stage, registration = settings_for(point, target)
         self.check_python({s.get("optimize") for s in node_settings.values()})
         workers = point.workers
-        foreign = self.catalog.foreign.get(target.name)
-        if foreign is not None and target.kind == "workflow":
-            spec_models = {node.name: _spec_entry(registration.get(node.name, {}), workers.get(node.name)) for node in target.nodes}
-            server.register_workflow(foreign.install(self.store, spec_models), target.name, log=lambda _: None)
-        elif foreign is not None:
-            first = registration.get(target.nodes[0].name, {})
-            count = next(iter(workers.values()))
-            server.register_model(
-                foreign.install(self.store),
-                target.name,
-                count,
-                first.get("batch-size"),
-                first.get("max-batch-delay"),
-                first.get("response-timeout"),
-                log=lambda _: None,
-            )
-        elif target.kind == "workflow":
-            urls, spec_models = {}, {}
-            for node in target.nodes:
-                urls[node.name] = self._node_mar(target, node, node_settings.get(node.name, {}), {})
-                spec_models[node.name] = _spec_entry(registration.get(node.name, {}), workers[node.name])
-            # the .war is written again each time under the target's name (TorchServe names nodes after it)
-            self.recipe.workflow_archive(self.catalog.dags[target.dag], target.name, urls, spec_models)
-            server.register_workflow(target.archive, target.name, log=lambda _: None)
+        foreign = self.catalog.foreign.get(target.name)  # a user's archive: registered from a copy, never rebuilt
+        if target.kind == "workflow":
+            spec_models = {node.name: spec_entry(registration.get(node.name, {}), workers.get(node.name)) for node in target.nodes}
+            if foreign is not None:
+                archive = foreign.install(self.store, spec_models)
+            else:
+                urls = {node.name: self._node_mar(target, node, node_settings.get(node.name, {}), {}) for node in target.nodes}
+                # the .war is written again each time under the target's name (TorchServe names nodes after it)
+                self.recipe.workflow_archive(self.catalog.dags[target.dag], target.name, urls, spec_models)
+                archive = target.archive
+            server.register_workflow(archive, target.name, log=lambda _: None)
         else:
-            if target.kind == "fused":
+            if foreign is not None:
+                archive = foreign.install(self.store)
+            elif target.kind == "fused":
                 name = f"{target.name}-{_digest([node_settings, stage])}"
                 if not (self.store / f"{name}.mar").exists():
                     self.recipe.fused_archive(self.catalog.dags[target.dag], name, node_settings, stage)

@@ -145,6 +145,17 @@ def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, d
     return node_settings, stage, registration
 
 
+def spec_entry(registration: dict, workers: int | None) -> dict:
+    """A workflow spec's `models:` entry for a node: its registration values (a response timeout in seconds is
+    the spec's timeout-ms) and its workers."""
+    entry = {key: value for key, value in registration.items() if key != "response-timeout"}
+    if "response-timeout" in registration:
+        entry["timeout-ms"] = registration["response-timeout"] * 1000
+    if workers is not None:
+        entry.update({"min-workers": workers, "max-workers": workers})
+    return entry
+
+
 def swept(points: list[Point]) -> list[str]:
     """Parameters that take more than one value across the points (each gets a summary column)."""
     values: dict[str, set] = {}
