@@ -17,8 +17,9 @@ class Endpoint(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 (http.server's name)
         self.rfile.read(int(self.headers["Content-Length"]))
         Endpoint.seen_headers.append(self.headers.get("Authorization", ""))
-        body = b'{"ok": true}'
-        self.send_response(200)
+        refusing = self.path.endswith("/refusing")  # answers, but never with a result
+        body = b'{"code": 503}' if refusing else b'{"ok": true}'
+        self.send_response(503 if refusing else 200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -34,13 +35,13 @@ def endpoint():
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/predictions/other"
+        yield f"http://127.0.0.1:{server.server_address[1]}/predictions/other"  # /predictions/refusing: 503 only
     finally:
         server.shutdown()
         server.server_close()
 
 
-def test_an_http_target_is_measured_with_its_headers_and_a_dead_one_fails_without_stopping_the_suite(
+def test_an_http_target_is_measured_with_its_headers_and_a_dead_or_refusing_one_fails_without_stopping_the_suite(
     endpoint, tmp_path, monkeypatch, trained_weights, capsys
 ):
     monkeypatch.setenv("OTHER_TOKEN", "t0ken")
@@ -51,6 +52,8 @@ def test_an_http_target_is_measured_with_its_headers_and_a_dead_one_fails_withou
             targets:
               - name: dead
                 url: http://127.0.0.1:1/predictions/nothing
+              - name: refusing
+                url: {endpoint.replace("/other", "/refusing")}
               - name: other
                 url: {endpoint}
                 headers: {{Authorization: "Bearer ${{OTHER_TOKEN}}"}}
@@ -64,10 +67,15 @@ def test_an_http_target_is_measured_with_its_headers_and_a_dead_one_fails_withou
     (folder,) = (tmp_path / "results" / "other").iterdir()
     rows = {r["target"]: r for r in map(json.loads, (folder / "summary.jsonl").read_text().splitlines())}
     assert rows["dead"]["error"].startswith("RuntimeFailure: http://127.0.0.1:1/predictions/nothing does not answer")
+    # answered, but never with a result: a failed point with the statuses, not a valid 0 req/s
+    refusing = rows["refusing"]
+    assert refusing["error"].startswith("RuntimeFailure: no request completed in "), refusing
+    assert refusing["error"].endswith(f"{refusing['requests_failed']} failed (503: {refusing['requests_failed']})")
+    assert refusing["valid"] is False and refusing["requests_ok"] == 0 and refusing["throughput_rps"] is None
     other = rows["other"]
     assert other["error"] is None and other["requests_ok"] > 0 and other["requests_failed"] == 0
     assert other["server_queue_ms"] is None  # not ours: no TorchServe counters
-    assert set(Endpoint.seen_headers) == {"Bearer t0ken"}
+    assert set(Endpoint.seen_headers) == {"Bearer t0ken", ""}  # the refusing target sends none
     report = (folder / "report.md").read_text()
     assert "## other" in report and f"- `{rows['dead']['run_id']}`: RuntimeFailure" in report
 

@@ -82,7 +82,7 @@ class Runner:
 
     def measure_point(self, point: Point) -> dict:
         started = time.monotonic()
-        metrics = error = None
+        metrics = error = reconfigure_s = None
         node = self.weights_node(point.target)
         slices: list[dict] = []  # the bare forward's entries before and after the point
         try:
@@ -95,8 +95,12 @@ class Runner:
             slices += self.bare_slices(point, node)
             metrics = self.measure_load(point, endpoint, groups)
             slices += self.bare_slices(point, node)
+            if not metrics["requests_ok"]:  # kept with its counts, but 0 req/s would read as a slow point
+                error = no_request_completed(metrics)
+                metrics["throughput_rps"] = None
+                self.deployment.stop_server()  # a wedged worker: start clean for the next point
         except Exception as failure:  # one failed point must not lose the others (an optimisation that fails too)
-            reconfigure_s = time.monotonic() - started
+            reconfigure_s = time.monotonic() - started if reconfigure_s is None else reconfigure_s
             accuracy = {}
             error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
             self.deployment.stop_server()  # start clean for the next point
@@ -202,6 +206,14 @@ class Runner:
         if target is None or (alone and target.kind != "model"):
             return None
         return next((node.name for node in target.nodes if node.model.weights), None)
+
+
+def no_request_completed(metrics: dict) -> str:
+    """Why a point whose measured load completed nothing has no throughput: 0 req/s would read as a slow point."""
+    failed = metrics["requests_failed"]
+    statuses = ", ".join(f"{status}: {count}" for status, count in sorted(metrics["failures_by_status"].items()))
+    what = f"{failed} failed ({statuses})" if failed else "none answered"
+    return f"RuntimeFailure: no request completed in {metrics['duration_s']:.1f} s of measured load: {what}"
 
 
 def validity(record: dict) -> dict:
