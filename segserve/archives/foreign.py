@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.catalog import WORKFLOW_MODEL_KEYS, Node, NodeModel, Target
-from segserve.errors import UsageError
+from segserve.errors import RuntimeFailure, UsageError
 
 FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it
 WAR_MANIFEST = "WAR-INF/MANIFEST.json"
@@ -31,6 +31,8 @@ class ForeignArchive:
     model_store: Path  # where a .war's node .mar files are
     spec: dict | None = None  # a .war's workflow spec, as read from it (None: a .mar, or a .war that cannot be read)
     spec_file: str | None = None  # its name inside the .war
+    node: str | None = None  # a .war's member: the node whose .mar it is (its one node is named so)
+    parent: str | None = None  # a member below the root: the member whose answers it is sent
 
     @property
     def kind(self) -> str:
@@ -51,9 +53,36 @@ class ForeignArchive:
 
     def target(self) -> Target:
         if self.kind == "model":
-            return Target(self.name, "model", (Node(self.name, _model(self.name, self.path)),), leaves=(self.name,))
-        nodes = tuple(Node(node, _model(Path(url).stem, self.model_store / url)) for node, url in self.nodes.items())
+            node = self.node or self.name
+            return Target(self.name, "model", (Node(node, _model(self.name, self.path)),), leaves=(node,))
+        # each node's model is named as its member target (members=True): the efficiency table's members
+        nodes = tuple(Node(node, _model(self.member_name(node), self.model_store / url)) for node, url in self.nodes.items())
         return Target(self.name, "workflow", nodes, leaves=tuple(self._leaves()))
+
+    def member_name(self, node: str) -> str:
+        return f"{self.name}-{node}"
+
+    def members(self) -> list["ForeignArchive"]:
+        """Each model node's .mar as a target of its own, measured alone: the root sent this .war's inputs, every
+        other node what its parent answers for them (TorchServe hands a node's answer on as its children's
+        request body). A node below a function node cannot be: the function runs in TorchServe's frontend."""
+        if self.spec is None:
+            raise UsageError(f"targets.{self.name}.members: {self.path.name} has no workflow spec segserve can read")
+        dag = self.spec.get("dag") or {}
+        parents = {child: parent for parent, children in dag.items() for child in children or []}
+        members = []
+        for node, url in self.nodes.items():
+            parent = parents.get(node)
+            if parent is not None and parent not in self.nodes:
+                raise UsageError(
+                    f"targets.{self.name}.members: node {node!r} is sent what function node {parent!r} answers, which "
+                    "runs in TorchServe's frontend: its inputs cannot be captured alone (give it as an archive target "
+                    "with inputs of its own)"
+                )
+            member_parent = None if parent is None else self.member_name(parent)
+            path = self.model_store / url
+            members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, parent=member_parent))
+        return members
 
     def _leaves(self) -> list[str]:
         dag = (self.spec or {}).get("dag") or {}
@@ -69,6 +98,8 @@ class ForeignArchive:
         beside its node .mar files. Returns the file name to register."""
         if self.kind == "model":
             copy = store / f"{self.name}.mar"
+            if self.node is not None and not self.path.is_file():  # a member: the .war names a .mar that is not there
+                raise RuntimeFailure(f"{self.path}: no such file (the .mar node {self.node!r} names)")
             if not copy.exists():
                 shutil.copyfile(self.path, copy)
             return copy.name

@@ -87,6 +87,9 @@ def run_ab(
         points = planning.expand(suite, sides["a"].catalog, Setup(suite, sides["a"].catalog, weights).digests())
         log(f"{len(points)} point(s) × {rounds} round(s) × A and B, interleaved")
         bodies = Setup(suite, sides["a"].catalog, weights)
+        bodies.capture = sides["a"].answers
+        for point in points:  # before any deploy: a workflow member's capture releases what is registered
+            bodies.bodies_for(point.target)
         warm_up(sides, points[0], suite, bodies.bodies_for(points[0].target), log)
         windows: dict[tuple[str, str], list[float]] = {}
         measured: dict[tuple[str, str], list[float]] = {}  # each round's throughput

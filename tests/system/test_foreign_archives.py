@@ -47,6 +47,8 @@ def handle(data, context):
     answers = []
     for row in data:
         labels = bytes(row.get("data") or row.get("body"))
+        if len(labels) != 32 * 32:  # one class byte per pixel of a 32 × 32 image, nothing else
+            raise ValueError(f"expected 1024 class bytes, got {len(labels)}")
         image = Image.frombytes("L", (32, 32), bytes(min(255, 80 * value) for value in labels))
         buffer = io.BytesIO()
         image.save(buffer, format="JPEG", quality=90)
@@ -138,8 +140,7 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
         textwrap.dedent(
             """
             targets:
-              - {name: tiny, archive: tiny.mar}
-              - {name: pipeline, archive: pipeline.war}
+              - {name: pipeline, archive: pipeline.war, members: true}
               - name: pair
                 archive: pair.mar
                 inputs: [{multipart: [{name: tokens, tensor: {dtype: int64, shape: [16]}}, {name: mask, file: mask.bin}]}]
@@ -156,7 +157,19 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
     outcomes = [{k: r.get(k) for k in ("run_id", "error", "requests_ok", "requests_failed", "failures_by_status")} for r in rows]
     assert all(r["error"] is None and r["requests_ok"] > 0 and r["requests_failed"] == 0 for r in rows), outcomes
     seen = sorted((r["target"], r["batch_size"], r.get("tiny_workers"), r.get("encode_workers")) for r in rows)
-    assert seen == [("pair", 4, None, None), ("pipeline", 4, 1, 2), ("pipeline", 4, 2, 2), ("tiny", 4, 1, None), ("tiny", 4, 2, None)]
+    assert seen == [
+        ("pair", 4, None, None),
+        ("pipeline", 4, 1, 2),
+        ("pipeline", 4, 2, 2),
+        ("pipeline-encode", 4, None, 2),
+        ("pipeline-tiny", 4, 1, None),
+        ("pipeline-tiny", 4, 2, None),
+    ]
+    # members: each node alone; encode (which takes 1024 class bytes only) was sent what tiny answers
+    assert "captured what pipeline-tiny answers to its 3 input(s)" in capsys.readouterr().out
+    report = (folder / "report.md").read_text()
+    efficiency = report.split("## Pipeline efficiency")[1].split("\n## ")[0]
+    assert re.search(r"\| pipeline \| [\d.]+ \| pipeline-tiny [\d.]+, pipeline-encode [\d.]+ \|", efficiency), efficiency
     assert digests(user_archives) == before  # the user's files are never changed
     # best/: the workflow's best point (a pipeline is preferred to models), as management calls and its spec
     best = max((r for r in rows if r["target"] == "pipeline"), key=lambda r: r["throughput_rps"])

@@ -11,9 +11,10 @@ import yaml
 
 from segserve.archives.catalog import Catalog
 from segserve.bench.run.inputs import request_bodies
+from segserve.bench.run.session import Setup
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import InputSpec, load_suite
-from segserve.errors import UsageError
+from segserve.errors import RuntimeFailure, UsageError
 from tests.conftest import ROOT
 
 
@@ -37,6 +38,7 @@ def archives(tmp_path):
     (tmp_path / "mine.mar").write_bytes(b"not opened by segserve")
     spec = {"models": {"batch-size": 1, "pre": {"url": "pre.mar"}, "post": {"url": "post.mar"}}, "dag": {"pre": ["post", "tail"]}}
     write_war(tmp_path / "flow.war", spec)
+    write_war(tmp_path / "fn.war", {"models": {"post": {"url": "post.mar"}}, "dag": {"tail": ["post"]}})
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01")
     return tmp_path
 
@@ -99,6 +101,8 @@ def test_a_segserve_handler_setting_on_an_archive_target_is_refused_naming_it(ar
         ("{name: mine, archive: mine.mar}", "[{files: [missing.bin]}]", "inputs: no file matches 'missing.bin'"),
         ("{name: mine, archive: mine.mar}", "[{multipart: [{file: blob.bin}]}]", "inputs.0.multipart.0.name: Field required"),
         ("{name: mine, archive: mine.mar, inputs: [{files: [nope.bin]}]}", "[{files: [blob.bin]}]", "no file matches 'nope.bin'"),
+        ("{name: mine, archive: mine.mar, members: true}", "[{files: [blob.bin]}]", "members: only a .war has members"),
+        ("{name: fn, archive: fn.war, members: true}", "[{files: [blob.bin]}]", "node 'post' is sent what function node 'tail' answers"),
     ],
 )
 def test_bad_archive_targets_and_inputs_are_refused_in_one_line_before_anything_starts(archives, monkeypatch, target, inputs, says):
@@ -106,6 +110,26 @@ def test_bad_archive_targets_and_inputs_are_refused_in_one_line_before_anything_
     with pytest.raises(UsageError) as refused:
         load_suite(suite_file(archives, f"targets: [{target}]\ninputs: {inputs}\n"), Catalog(ROOT))
     assert says in str(refused.value) and len(str(refused.value).splitlines()) == 1, str(refused.value)
+
+
+def test_a_wars_members_are_targets_after_it_the_root_sent_its_inputs_the_others_their_parents_answers(archives, monkeypatch):
+    monkeypatch.chdir(archives)
+    text = "targets: [{name: flow, archive: flow.war, members: true, inputs: [{files: [blob.bin]}]}, {name: mine, archive: mine.mar}]\n"
+    suite = load_suite(suite_file(archives, text + "inputs: [{tensor: {dtype: float16, shape: [3, 8, 8]}}]\n"), catalog := Catalog(ROOT))
+    assert suite.target_names == ["flow", "flow-pre", "flow-post", "mine"]
+    assert suite.archive_targets["flow-pre"].inputs == suite.archive_targets["flow"].inputs
+    assert suite.archive_targets["flow-post"].inputs is None
+    assert (catalog.foreign["flow-pre"].parent, catalog.foreign["flow-post"].parent) == (None, "flow-pre")
+    # the workflow's nodes are its members (the efficiency table's bounds); a member's one node is the .war's node
+    assert catalog.targets["flow"].members == ("flow-pre", "flow-post")
+    assert [n.name for n in catalog.targets["flow-post"].nodes] == ["post"]
+    # a member's run id follows its parent's inputs and archive: another root input, another id for both
+    ids = {p.target: p.run_id for p in planning.expand(suite, catalog, Setup(suite, catalog, ROOT / "none.pt").digests())}
+    (archives / "blob.bin").write_bytes(b"\x00\x02")
+    again = {p.target: p.run_id for p in planning.expand(suite, catalog, Setup(suite, catalog, ROOT / "none.pt").digests())}
+    assert ids["flow-post"] != again["flow-post"] and ids["flow-pre"] != again["flow-pre"] and ids["mine"] == again["mine"]
+    with pytest.raises(RuntimeFailure, match="captured on a server"):  # no server to capture on: said, not guessed
+        Setup(suite, catalog, ROOT / "none.pt").bodies_for("flow-post")
 
 
 def test_tensor_json_and_multipart_bodies(tmp_path):

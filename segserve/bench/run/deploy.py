@@ -17,11 +17,13 @@ from urllib.parse import urlsplit
 from handlers.optimize import IPEX_HINT
 from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
+from segserve.bench.run.inputs import Body
 from segserve.bench.run.measure import Endpoint
 from segserve.bench.suite.params import at_level
 from segserve.bench.suite.plan import Point, settings_for, spec_entry
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
+from segserve.serving.http import Connection
 from segserve.serving.server import TorchServe
 
 # a worker that compiles its network (optimize compile/int8) loads for tens of seconds on 2 cores
@@ -177,6 +179,32 @@ class Deployment:
         # What TorchServe started, not what was asked: 0.12 ignores a workflow node's own min-workers/max-workers
         # (it starts the DAG-wide count), so ensure_workers scales such a node to the point's count.
         self.current_workers = {node: len(server.describe(model).get("workers", [])) for node, model in self._worker_models(target).items()}
+
+    def answers(self, name: str, bodies: tuple[bytes, ...]) -> list[bytes]:
+        """What the archive target `name` answers to each body, registered alone (one worker, its archive's own
+        batching) on the running server, or on one with the suite's default settings: a workflow member's inputs
+        are its parent's answers. Whatever a point had registered is released first; its next deploy registers
+        it again."""
+        if self.server is None:
+            self.ensure_server(Point(name, (), (), (), ()))
+        self.release()
+        server, endpoint = self.server, self.catalog.targets[name].endpoint
+        server.register_model(self.catalog.foreign[name].install(self.store), name, 1, log=lambda _: None)
+        connection = Connection(server.url("inference"), server.token("inference"))
+        answered = []
+        try:
+            server.wait_ready(name, WORKER_LOAD_TIMEOUT_S)
+            for index, body in enumerate(bodies):
+                response = connection.request("POST", endpoint, body, getattr(body, "content_type", "application/octet-stream"))
+                if response.status != 200:
+                    answer = response.text()[:200]
+                    raise RuntimeFailure(f"capturing what {name} answers: input {index + 1} got HTTP {response.status}: {answer}")
+                answered.append(Body(response.body, response.content_type or "application/octet-stream"))
+        finally:
+            connection.close()
+            server.unregister("models", name)
+        self.log(f"captured what {name} answers to its {len(bodies)} input(s): its children's inputs")
+        return answered
 
     def check_python(self, optimizations: set) -> None:
         """Fail a point fast, before anything is built or registered, when the server's Python lacks what its

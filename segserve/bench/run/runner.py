@@ -86,6 +86,8 @@ class Runner:
         node = self.weights_node(point.target)
         slices: list[dict] = []  # the bare forward's entries before and after the point
         try:
+            self.bodies_before_deploy(point)
+            started = time.monotonic()  # a capture is not the point's reconfiguration
             endpoint = self.deployment.deploy(point)
             reconfigure_s = time.monotonic() - started
             accuracy = self.accuracy(point)
@@ -111,6 +113,15 @@ class Runner:
             record.update(served_vs_bare(record.get("measured_window_throughputs_rps") or [], slices))
             record.update(ratio_judgement(record))
         return record
+
+    def bodies_before_deploy(self, point: Point) -> None:
+        """A workflow member's inputs are its parent's answers, captured (once) by registering the parent on the
+        server: before the point registers its own target, which the capture would release."""
+        phases = [p.name for p in self.suite.load.phases or []]
+        for phase in phases:
+            self.bodies_for(point.target, phase)
+        if not phases:
+            self.bodies_for(point.target)  # called as measure_load calls it: the same cache entry
 
     def measure_load(self, point: Point, endpoint, groups: dict | None) -> dict:
         """Under the suite's load (its phases one after the other, or windows until it settles), with the

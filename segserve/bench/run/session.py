@@ -96,6 +96,8 @@ class Setup:
 
     def __init__(self, suite: Suite, catalog: Catalog, weights: Path):
         self.suite, self.catalog, self.weights = suite, catalog, weights
+        # (archive target, bodies) → what it answers to each: set to the deployment's `answers` before measuring
+        self.capture = None
 
     @cache  # noqa: B019 (one Setup per run)
     def images(self, phase: str | None = None) -> tuple[bytes, ...]:
@@ -105,6 +107,11 @@ class Setup:
 
     @cache  # noqa: B019
     def bodies_for(self, name: str, phase: str | None = None) -> list[bytes]:
+        parent = self.parent(name)
+        if parent is not None:  # a member of a user's workflow: what its parent answers, as the workflow hands it on
+            if self.capture is None:
+                raise RuntimeFailure(f"{name}: its inputs are its parent's answers, captured on a server (none here)")
+            return list(self.capture(parent, tuple(self.bodies_for(parent, phase))))
         archive = self.suite.archive_targets.get(name)
         if archive is not None and archive.inputs:  # a user's archive: what it is sent, its own (phases too)
             return request_bodies(archive.inputs)
@@ -113,6 +120,11 @@ class Setup:
             return list(self.images(phase))
         # class maps: what the model that turns images into class maps answers for the images
         return class_maps(list(self.images(phase)), self.weights, self.producer(target.takes).config)
+
+    def parent(self, name: str) -> str | None:
+        """The member of the same .war whose answers this member is sent (None: not such a member)."""
+        foreign = self.catalog.foreign.get(name)
+        return foreign.parent if foreign is not None else None
 
     def all_images(self) -> tuple[bytes, ...]:
         """Every body the suite sends, its phases' too (what its measurements depend on)."""
@@ -142,6 +154,8 @@ class Setup:
             archive = suite.archive_targets[name]
             inputs = request_bodies(archive.inputs) if archive.inputs else self.all_images()
             recipe = [path.read_bytes() for path in foreign.files() if path.is_file()]
+            if foreign.parent is not None:  # its inputs: what the parent's archive answers to the parent's inputs
+                inputs = [_digest(self.parts(foreign.parent)).encode()]
             return {**parts, "inputs": _digest(*inputs), "recipe": _digest(*recipe), "server": _digest(*server)}
         target = self.catalog.targets[name]
         if target.takes != "image":  # its inputs are what the producer model makes of the images
@@ -301,6 +315,7 @@ def run_suite(
     if exports:
         sinks.append(Export(exports, log))  # last: it sends the files the others wrote
     deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
+    setup.capture = deployment.answers
     runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)
     warn_about_machine(points, runner, kept, env_info, log)
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
@@ -347,7 +362,9 @@ def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], po
     point = next(p for p in points if p.run_id == winner["run_id"])
     log(f"profiling the best point {point.run_id} for {suite.profile_seconds:.0f}s …")
     deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
+    setup.capture = deployment.answers
     try:
+        bodies = setup.bodies_for(point.target)  # before the deploy: a member's capture releases what is registered
         deployment.deploy(point)
         server = deployment.server
         connections = point.params.get("concurrency") or 8
@@ -357,7 +374,7 @@ def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], po
             server.run_dir,
             suite.profile_seconds,
             out_dir / "profile",
-            setup.bodies_for(point.target),
+            bodies,
             connections,
             100,
             log,

@@ -246,6 +246,10 @@ class ArchiveTarget(Strict):
     """The folder holding the .mar files a .war's nodes name (default: the .war's folder)"""
     inputs: Annotated[list[InputSpec], Field(min_length=1)] | None = None
     """What this target is sent, round-robin (default: the suite's inputs)"""
+    members: bool = False
+    """A .war: measure each model node's .mar alone too, as target `<name>-<node>` (the root sent this target's
+    inputs, every other node what its parent answers for them, captured through a registration of the parent):
+    the efficiency table's bounds, and the auto search's probes"""
 
     @field_validator("archive")
     @classmethod
@@ -253,6 +257,12 @@ class ArchiveTarget(Strict):
         if not archive.endswith((".mar", ".war")):
             raise ValueError(f"{archive!r}: give a .mar or .war file")
         return archive
+
+    @model_validator(mode="after")
+    def members_of_a_workflow(self) -> "ArchiveTarget":
+        if self.members and not self.archive.endswith(".war"):
+            raise ValueError(f"members: only a .war has members (got {self.archive!r})")
+        return self
 
 
 def _target_kind(value) -> str:
@@ -547,12 +557,32 @@ def load_suite(path: Path, catalog: Catalog) -> Suite:
     from segserve.archives.foreign import read_archive
 
     catalog.add_foreign([read_archive(t.name, t.archive, t.model_store) for t in suite.archive_targets.values()])
+    add_members(suite, catalog)
     problems = catalog_problems(suite, catalog) + foreign_problems(suite, catalog) + expand_headers(suite)
     if problems:
         raise UsageError("\n".join(f"{path}: {problem}" for problem in problems))
     if suite.name is None:
         suite.name = path.stem
     return suite
+
+
+def add_members(suite: Suite, catalog: Catalog) -> None:
+    """A .war target with `members: true`: its nodes' .mar files as archive targets of the suite, after it."""
+    targets = list(suite.targets)
+    for war in [t for t in suite.archive_targets.values() if t.members]:
+        members = catalog.foreign[war.name].members()
+        taken = [m.name for m in members if m.name in suite.target_names or m.name in catalog.targets]
+        if taken and any(catalog.foreign.get(name) not in members for name in taken):
+            raise UsageError(f"targets.{war.name}.members: {', '.join(taken)} is already a target: rename it")
+        catalog.add_foreign(members)
+        entries = [
+            ArchiveTarget(name=m.name, archive=str(m.path), model_store=war.model_store, inputs=None if m.parent else war.inputs)
+            for m in members
+            if m.name not in suite.target_names
+        ]
+        at = targets.index(war) + 1
+        targets[at:at] = entries
+    suite.targets = targets
 
 
 def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
