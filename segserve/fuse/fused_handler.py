@@ -1,0 +1,326 @@
+"""The handler of a fused workflow (`segserve fuse`): a TorchServe workflow's DAG run inside one worker.
+
+Shipped inside the fused .mar as its handler, so it imports nothing of segserve: only the standard library and what
+TorchServe provides. The archive holds fused_workflow.json (the DAG, written by segserve fuse), each model node's
+archive extracted under nodes/<node>/, and the workflow's function file under workflow/.
+
+Each node is loaded as a TorchServe worker loads a model (ts/model_loader.py): its own Context, its handler module
+imported from its own folder, a `handle` function or the module's one class. Between nodes each row's output is
+encoded as a worker encodes a response (ts/protocol/otf_message_handler.py) and handed to the child as
+{"body": bytearray} with the request's headers: what TorchServe's DagExecutor.java sends a child node. Several
+leaves answer one JSON object, pretty-printed as WorkflowManager.java's Gson does.
+
+Unlike the workflow, a row that fails in a node (its status not 2xx, or the node raised on it alone) is answered
+with that node's error and goes no further; its batch-mates go on.
+"""
+
+import importlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import ts
+from ts.context import Context, RequestProcessor
+from ts.utils.util import PredictionException, get_yaml_config, list_classes_from_module
+
+logger = logging.getLogger(__name__)
+
+PLAN_FILE = "fused_workflow.json"
+FAILED_STATUS = 503  # what a TorchServe worker answers for a handler that raised ("Prediction failed")
+
+
+@dataclass
+class Answer:
+    """One row's result from one node: its status, as the worker would send it, and its body encoded as bytes."""
+
+    status: int
+    phrase: str
+    content_type: str | None
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+def error_answer(status: int, message: str) -> Answer:
+    return Answer(status, "", "application/json", json.dumps({"error": message}).encode())
+
+
+class WrongRows(PredictionException):
+    """A node answered a batch with another number of rows: its whole batch fails, as TorchServe fails it."""
+
+
+@dataclass
+class Node:
+    name: str
+    entry: object  # handle(data, context)
+    context: Context
+    one_row_at_a_time: bool  # a workflow function node: TorchServe registers it with batch size 1
+
+    def run(self, rows: list, headers: list[dict], request_ids: list) -> list[Answer]:
+        """Each row's answer; a batch the node raises on is run again row by row, so only the failing rows fail."""
+        if self.one_row_at_a_time and len(rows) > 1:
+            return [a for i in range(len(rows)) for a in self.run(rows[i : i + 1], headers[i : i + 1], request_ids[i : i + 1])]
+        try:
+            return self._call(rows, headers, request_ids)
+        except WrongRows:
+            raise
+        except Exception as error:
+            if len(rows) > 1:
+                logger.warning("node %s failed on a batch of %d; running its rows one by one", self.name, len(rows), exc_info=True)
+                return [a for i in range(len(rows)) for a in self.run(rows[i : i + 1], headers[i : i + 1], request_ids[i : i + 1])]
+            logger.warning("node %s failed on a row", self.name, exc_info=True)
+            if isinstance(error, PredictionException):
+                return [error_answer(error.error_code, f"node {self.name}: {error.message}")]
+            return [error_answer(FAILED_STATUS, f"node {self.name}: {type(error).__name__}: {error}")]
+
+    def _call(self, rows: list, headers: list[dict], request_ids: list) -> list[Answer]:
+        self.context.request_ids = dict(enumerate(request_ids))
+        self.context.request_processor = [RequestProcessor(dict(h)) for h in headers]
+        out = self.entry(rows, self.context)
+        if not isinstance(out, list) or len(out) != len(rows):
+            got = f"{len(out)} rows" if isinstance(out, list) else f"a {type(out).__name__}, not a list"
+            raise WrongRows(f"node {self.name} answered {got} for a batch of {len(rows)}", FAILED_STATUS)
+        answers = []
+        for idx, value in enumerate(out):
+            status, phrase = self.context.get_response_status(idx)
+            try:
+                body = as_bytes(value)
+            except TypeError:
+                answers.append(error_answer(FAILED_STATUS, f"node {self.name}: unsupported output type {type(value).__name__}"))
+                continue
+            answers.append(Answer(status or 200, phrase or "", self.context.get_response_content_type(idx), body))
+        return answers
+
+
+def as_bytes(value) -> bytes:
+    """A node's output for one row as the worker sends it to the frontend (create_predict_response)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, torch.Tensor):
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        return buffer.getvalue()
+    return json.dumps(value, indent=2).encode("utf-8")
+
+
+# Loading nodes -----------------------------------------------------------------------------------------------
+
+
+class node_folder:
+    """While a node's handler is imported and initialised: its folder first on sys.path and as the working
+    directory, as for a worker of its own; afterwards its own modules leave sys.modules (its handler keeps them),
+    so another node's module of the same file name is imported from that node's folder."""
+
+    def __init__(self, folder: Path):
+        self.folder = str(folder.resolve())
+
+    def __enter__(self):
+        self.modules_before, self.cwd = set(sys.modules), os.getcwd()
+        sys.path.insert(0, self.folder)
+        os.chdir(self.folder)
+
+    def __exit__(self, *exc_info):
+        os.chdir(self.cwd)
+        sys.path.remove(self.folder)
+        for name in set(sys.modules) - self.modules_before:
+            path = getattr(sys.modules[name], "__file__", None) or ""
+            if path.startswith(self.folder + os.sep) and not name.startswith("_fused_"):
+                del sys.modules[name]
+
+
+def import_file(path: Path, unique_name: str):
+    spec = importlib.util.spec_from_file_location(unique_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[unique_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def handler_module(node: str, folder: Path, handler: str):
+    """The module a handler string names, resolved as ts/model_loader.py does: a file of the node's archive, else
+    one of TorchServe's default handlers (image_classifier, ...), else an installed module."""
+    stem = handler.split(":", 1)[0].split("/")[-1].removesuffix(".py")
+    if (folder / f"{stem}.py").is_file():
+        return import_file(folder / f"{stem}.py", f"_fused_{node}_{stem}")
+    try:
+        return importlib.import_module(f".{stem}", "ts.torch_handler")
+    except ModuleNotFoundError as error:
+        if error.name != f"ts.torch_handler.{stem}":
+            raise  # the default handler exists but needs a package the worker lacks (captum)
+    return importlib.import_module(stem)
+
+
+def entry_points(module, function_name: str | None):
+    """(handle, initialize) of a module, as ts/model_loader.py finds them."""
+    function_name = function_name or "handle"
+    if hasattr(module, function_name):
+        entry = getattr(module, function_name)
+        return entry, lambda context: entry(None, context)
+    classes = list_classes_from_module(module)
+    if len(classes) != 1:
+        raise ValueError(f"expected one class or a function {function_name} in {module.__name__}, found {classes}")
+    service = classes[0]()
+    return service.handle, service.initialize
+
+
+def node_context(name: str, folder: Path, manifest: dict | None, batch_size: int, fused: Context) -> Context:
+    config_file = ((manifest or {}).get("model") or {}).get("configFile")
+    properties = fused.system_properties
+    return Context(
+        name,
+        str(folder),
+        manifest,
+        batch_size,
+        properties.get("gpu_id"),
+        ts.__version__,
+        properties.get("limit_max_image_pixels", True),
+        fused.metrics,
+        get_yaml_config(str(folder / config_file)) if config_file else {},
+    )
+
+
+def load_model_node(workflow: str, node: str, folder: Path, fused: Context) -> Node:
+    manifest = json.loads((folder / "MAR-INF" / "MANIFEST.json").read_text())
+    handler = manifest["model"]["handler"]
+    context = node_context(f"{workflow}__{node}", folder, manifest, fused.system_properties.get("batch_size") or 1, fused)
+    with node_folder(folder):
+        module = handler_module(node, folder, handler)
+        entry, initialize = entry_points(module, handler.split(":", 1)[1] if ":" in handler else None)
+        initialize(context)
+    return Node(node, entry, context, one_row_at_a_time=False)
+
+
+def load_function_node(workflow: str, node: str, functions, folder: Path, fused: Context) -> Node:
+    context = node_context(f"{workflow}__{node}", folder, None, 1, fused)
+    entry = getattr(functions, node)
+    with node_folder(folder):
+        entry(None, context)  # TorchServe's load-time call of a function entry point
+    return Node(node, entry, context, one_row_at_a_time=True)
+
+
+# The DAG ---------------------------------------------------------------------------------------------------
+
+
+class FusedWorkflow:
+    def __init__(self, context: Context):
+        model_dir = Path(context.system_properties["model_dir"])
+        plan = json.loads((model_dir / PLAN_FILE).read_text())
+        self.workflow = plan["workflow"]
+        self.order: list[str] = plan["order"]  # parents before children
+        self.parent: dict[str, str] = {child: node for node, kids in plan["children"].items() for child in kids}
+        self.leaves: list[str] = plan["leaves"]
+        functions = None
+        if plan.get("functions_file"):
+            path = model_dir / plan["functions_file"]
+            with node_folder(path.parent):
+                functions = import_file(path, f"_fused_functions_{path.stem}")
+        self.nodes: dict[str, Node] = {}
+        for name in self.order:
+            kind = plan["nodes"][name]["kind"]
+            try:
+                if kind == "model":
+                    self.nodes[name] = load_model_node(self.workflow, name, model_dir / plan["nodes"][name]["folder"], context)
+                else:
+                    self.nodes[name] = load_function_node(
+                        self.workflow, name, functions, (model_dir / plan["functions_file"]).parent, context
+                    )
+            except Exception as error:
+                raise RuntimeError(
+                    f"fused workflow {self.workflow}: node {name} failed to load: {type(error).__name__}: {error}"
+                ) from error
+
+    def handle(self, data: list, context: Context) -> list:
+        rows = len(data)
+        request_ids = [context.get_request_id(i) for i in range(rows)]
+        root_headers = [dict(context.get_all_request_header(i)) for i in range(rows)]
+        # the request's own headers, without the parameters' (each parameter's name maps to its content type)
+        request_headers = [{k: v for k, v in root_headers[i].items() if k not in data[i]} for i in range(rows)]
+        failed: list[Answer | None] = [None] * rows
+        outputs: dict[str, list[Answer | None]] = {}
+        for name in self.order:
+            alive = [i for i in range(rows) if failed[i] is None]
+            if not alive:
+                break
+            if name in self.parent:
+                parent = outputs[self.parent[name]]
+                inputs = [{"body": bytearray(parent[i].body)} for i in alive]
+                headers = [{**request_headers[i], "body": {"content-type": ""}} for i in alive]
+            else:
+                inputs, headers = [data[i] for i in alive], [root_headers[i] for i in alive]
+            answers = self.nodes[name].run(inputs, headers, [request_ids[i] for i in alive])
+            outputs[name] = [None] * rows
+            for i, answer in zip(alive, answers, strict=True):
+                outputs[name][i] = answer
+                if not answer.ok:
+                    failed[i] = answer
+        return [self._respond(context, i, failed[i] or self._combined(outputs, i)) for i in range(rows)]
+
+    def _combined(self, outputs: dict[str, list], i: int) -> Answer:
+        """One leaf: its bytes. Several: {leaf: its JSON object} as WorkflowManager.java answers (Gson, pretty)."""
+        if len(self.leaves) == 1:
+            leaf = outputs[self.leaves[0]][i]
+            return Answer(200, "", leaf.content_type or "application/json", leaf.body)
+        combined = {}
+        for leaf in self.leaves:
+            try:
+                value = json.loads(outputs[leaf][i].body.decode("utf-8"), parse_float=JsonNumber, parse_int=JsonNumber)
+            except ValueError as error:
+                return error_answer(500, f"leaf {leaf} did not answer JSON ({error}): several leaves answer one object of them")
+            if not isinstance(value, dict):
+                return error_answer(500, f"leaf {leaf} answered JSON that is not an object: several leaves answer one object of them")
+            combined[leaf] = value
+        return Answer(200, "", "application/json", (gson_pretty(combined) + "\n").encode("utf-8"))
+
+    @staticmethod
+    def _respond(context: Context, i: int, answer: Answer) -> bytes:
+        context.set_response_status(answer.status, answer.phrase, i)
+        if answer.content_type:
+            context.set_response_content_type(i, answer.content_type)
+        return answer.body
+
+
+class JsonNumber(str):
+    """A JSON number kept as its text: Gson writes a parsed number back as it read it."""
+
+
+def gson_pretty(value, indent: str = "") -> str:
+    """JSON as Gson's pretty printer writes it (2 spaces, `"key": value`, HTML characters not escaped)."""
+    inner = indent + "  "
+    if isinstance(value, dict):
+        items = [f"{inner}{gson_string(k)}: {gson_pretty(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}" if items else "{}"
+    if isinstance(value, list):
+        items = [inner + gson_pretty(v, inner) for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + indent + "]" if items else "[]"
+    if isinstance(value, JsonNumber):
+        return str.__str__(value)
+    if isinstance(value, str):
+        return gson_string(value)
+    return {True: "true", False: "false", None: "null"}[value]
+
+
+def gson_string(text: str) -> str:
+    # Python and Gson escape the same characters, except the line and paragraph separators Gson also escapes
+    return json.dumps(text, ensure_ascii=False).replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+_workflow: FusedWorkflow | None = None
+
+
+def handle(data, context):
+    """TorchServe's entry point: called with None once when the worker loads the model."""
+    global _workflow
+    if data is None:
+        _workflow = FusedWorkflow(context)
+        return None
+    return _workflow.handle(data, context)
