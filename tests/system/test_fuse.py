@@ -1,0 +1,205 @@
+"""`segserve fuse` on workflows segserve never wrote: archives built here with the official archivers from handlers
+that never import segserve, the workflow and its fused .mar served by one TorchServe, the same requests sent to
+both. A chain, a fan-out (two nodes whose handler files and helper modules share names) and one with a function
+node answer the same bytes; a row that fails is answered alone; a node answering too few rows fails its batch."""
+
+import struct
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from segserve.cli import main
+from segserve.serving.http import request
+from segserve.serving.server import TorchServe
+from tests.conftest import ROOT
+
+BIN = Path(sys.executable).parent
+
+TINY = '''
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class TinySegmenter(BaseHandler):
+    """Raw float32 [3, 8, 8] in (a body of another size raises), one class byte per pixel out."""
+
+    def preprocess(self, data):
+        return torch.stack([torch.frombuffer(bytearray(row["body"]), dtype=torch.float32).reshape(3, 8, 8) for row in data])
+
+    def postprocess(self, logits):
+        return [bytes(labels.to(torch.uint8).flatten().tolist()) for labels in logits.argmax(1)]
+'''
+
+# two nodes' handlers are both handler.py and import their own helper.py: fusing must keep them apart
+HISTOGRAM = """
+from helper import summary
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    return [summary(bytes(row["body"])) for row in data]
+"""
+HISTOGRAM_HELPER = "def summary(labels):\n    return {'counts': [labels.count(c) for c in range(3)], 'note': 'histogram \\u00e9'}\n"
+
+CHECKSUM = """
+import time
+
+from helper import summary
+
+
+class Checksum:
+    def initialize(self, context):
+        self.batch_size = context.system_properties["batch_size"]
+
+    def handle(self, data, context):
+        time.sleep(0.3)  # finishes after the histogram: /wfpredict lists the leaves in the order they finish
+        return [summary(bytes(row["body"])) for row in data]
+"""
+CHECKSUM_HELPER = "def summary(labels):\n    return {'sum': sum(labels), 'mean': sum(labels) / max(len(labels), 1), 'ok': True}\n"
+
+SHOUT = """
+def handle(data, context):
+    if data is None:
+        return None
+    answers = []
+    for i, row in enumerate(data):
+        text = bytes(row["body"])
+        if text == b"bad":
+            context.set_response_status(400, "Bad Request", i)
+            answers.append({"error": "bad is not a word"})
+        else:
+            answers.append(text.upper())
+    if b"many" in [bytes(row["body"]) for row in data]:
+        answers.append(b"one too many")
+    return answers
+"""
+
+FUNCTIONS = """
+def exclaim(data, context):
+    if data is None:
+        return None
+    return [bytes(row["body"]) + b"!" for row in data]
+"""
+
+
+def run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def model_archive(folder: Path, name: str, files: dict[str, str], handler: str, serialized: Path | None = None) -> None:
+    source = folder / "src" / name
+    source.mkdir(parents=True)
+    for file, text in files.items():
+        (source / file).write_text(text)
+    command = [str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0", "--export-path", str(folder)]
+    command += ["--handler", handler if handler.isidentifier() else str(source / handler)]
+    extra = [str(source / f) for f in files if f != handler]
+    command += ["--extra-files", ",".join(extra)] if extra else []
+    run([*command, *(["--serialized-file", str(serialized)] if serialized else [])])
+
+
+def workflow_archive(folder: Path, name: str, spec: str, functions: str = "") -> None:
+    (folder / f"{name}.yaml").write_text(textwrap.dedent(spec))
+    (folder / f"{name}_functions.py").write_text(functions)
+    command = [str(BIN / "torch-workflow-archiver"), "--workflow-name", name, "--spec-file", str(folder / f"{name}.yaml")]
+    run([*command, "--handler", str(folder / f"{name}_functions.py"), "--export-path", str(folder)])
+
+
+def user_store(folder: Path) -> None:
+    torch.manual_seed(0)
+    network = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(4, 3, 1))
+    torch.jit.script(network.eval()).save(str(folder / "tiny.pt"))
+    model_archive(folder, "tiny", {"tiny_handler.py": TINY}, "tiny_handler.py", folder / "tiny.pt")
+    model_archive(folder, "histogram", {"handler.py": HISTOGRAM, "helper.py": HISTOGRAM_HELPER}, "handler.py")
+    model_archive(folder, "checksum", {"handler.py": CHECKSUM, "helper.py": CHECKSUM_HELPER}, "handler.py")
+    model_archive(folder, "shout", {"shout.py": SHOUT}, "shout.py")
+    model_archive(folder, "classifier", {}, "image_classifier", folder / "tiny.pt")  # TorchServe's default handler
+    defaults = "models:\n  batch-size: 1\n  timeout-ms: 10000\n"
+    workflow_archive(folder, "chain", defaults + "  tiny: {url: tiny.mar}\n  histogram: {url: histogram.mar}\ndag:\n  tiny: [histogram]\n")
+    fanout = "  tiny: {url: tiny.mar}\n  histogram: {url: histogram.mar}\n  checksum: {url: checksum.mar}\n"
+    workflow_archive(folder, "fanout", defaults + fanout + "dag:\n  tiny: [histogram, checksum]\n")
+    workflow_archive(folder, "functions", defaults + "  shout: {url: shout.mar}\ndag:\n  shout: [exclaim]\n", FUNCTIONS)
+    workflow_archive(folder, "captum", defaults + "  classifier: {url: classifier.mar}\ndag:\n  classifier: []\n")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """One TorchServe serving each workflow and its fused .mar (batch size 4)."""
+    store = tmp_path_factory.mktemp("user_store")
+    user_store(store)
+    for name in ("chain", "fanout", "functions", "captum"):
+        assert main(["fuse", str(store / f"{name}.war"), "--model-store", str(store)]) == 0
+    server = TorchServe(tmp_path_factory.mktemp("ts"), store, ROOT / "config.properties", free_ports=True)
+    with server:
+        for name in ("chain", "fanout", "functions"):
+            server.register_workflow(f"{name}.war", name)
+            server.register_model(f"fused_{name}.mar", f"fused_{name}", workers=1, batch_size=4, max_batch_delay_ms=200)
+        yield server
+
+
+def post(server: TorchServe, paths_and_bodies: list[tuple[str, bytes]]):
+    """All at once, so the fused model gets them in one batch where it can."""
+    token, url = server.token("inference"), server.url("inference")
+    with ThreadPoolExecutor(len(paths_and_bodies)) as pool:
+        return list(pool.map(lambda pb: request(url, "POST", pb[0], token, pb[1], timeout_s=60), paths_and_bodies))
+
+
+def tensors(count: int) -> list[bytes]:
+    generator = torch.Generator().manual_seed(1)
+    return [struct.pack("192f", *torch.randn(192, generator=generator).tolist()) for _ in range(count)]
+
+
+def same_answers(server: TorchServe, name: str, bodies: list[bytes]) -> list[bytes]:
+    workflow = post(server, [(f"/wfpredict/{name}", body) for body in bodies])
+    fused = post(server, [(f"/predictions/fused_{name}", body) for body in bodies])
+    assert [(r.status, r.body) for r in fused] == [(r.status, r.body) for r in workflow]
+    assert all(r.status == 200 for r in fused), [r.text() for r in fused]
+    return [r.body for r in fused]
+
+
+def test_a_fused_chain_answers_the_workflows_bytes(served):
+    answers = same_answers(served, "chain", tensors(6))
+    assert answers[0].startswith(b'{\n  "counts": [') and b'"note": "histogram \\u00e9"' in answers[0]
+
+
+def test_a_fused_fan_out_answers_its_leaves_as_the_workflow_combines_them(served):
+    answers = same_answers(served, "fanout", tensors(4))
+    # each leaf's helper.py, not the other's: the two handler.py and helper.py of the nodes stay apart
+    assert answers[0].startswith(b'{\n  "histogram": {\n    "counts": [') and b'"checksum": {\n    "sum": ' in answers[0]
+    assert answers[0].endswith(b'"ok": true\n  }\n}\n')
+    assert '"note": "histogram é"'.encode() in answers[0]  # Gson writes the leaf's \u00e9 back as UTF-8
+
+
+def test_a_fused_function_node_runs_in_place(served):
+    assert same_answers(served, "functions", [b"hello", b"fused", b"world"]) == [b"HELLO!", b"FUSED!", b"WORLD!"]
+
+
+def test_a_row_that_fails_in_a_node_gets_its_own_error_and_its_batch_mates_are_served(served):
+    good = [b"one", b"two", b"three"]
+    answers = post(served, [("/predictions/fused_functions", body) for body in [b"bad", *good]])
+    assert (answers[0].status, answers[0].body) == (400, b'{\n  "error": "bad is not a word"\n}'), answers[0].text()
+    assert [(r.status, r.body) for r in answers[1:]] == [(200, b"ONE!"), (200, b"TWO!"), (200, b"THREE!")]
+    # a node that raises on a batch: its rows run one by one, only the one that fails is answered with the error
+    answers = post(served, [("/predictions/fused_chain", body) for body in [b"not a tensor", *tensors(3)]])
+    assert answers[0].status == 503 and "node tiny: RuntimeError: shape '[3, 8, 8]' is invalid" in answers[0].json()["error"]
+    assert [r.status for r in answers[1:]] == [200, 200, 200]
+
+
+def test_a_node_answering_the_wrong_number_of_rows_fails_its_batch_by_name_and_the_server_stays_up(served):
+    (answer,) = post(served, [("/predictions/fused_functions", b"many")])
+    assert answer.status == 503 and answer.json()["message"] == "node shout answered 2 rows for a batch of 1", answer.text()
+    assert [(r.status, r.body) for r in post(served, [("/predictions/fused_functions", b"after")])] == [(200, b"AFTER!")]
+
+
+def test_a_node_whose_handler_needs_a_missing_package_fails_the_fused_model_with_its_name(served):
+    with pytest.raises(Exception) as failed:
+        served.register_model("fused_captum.mar", "fused_captum", workers=1)
+    assert "node classifier failed to load: ModuleNotFoundError: No module named 'captum'" in str(failed.value)
+    served.unregister("models", "fused_captum")
