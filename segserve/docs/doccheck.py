@@ -149,6 +149,7 @@ RULES: list[tuple[str, str, str]] = [
         "tests/integration/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it",
     ),
     (r"segserve pin --plan-from", "test", "tests/unit/test_pinning_rule.py::test_pin_plan_from_writes_a_plan_the_loader_accepts"),
+    (r"segserve fuse", "test", "tests/system/test_fuse.py::test_a_fused_chain_answers_the_workflows_bytes"),
     (r"segserve scale", "test", "tests/integration/test_pinning.py::test_scaling_a_node_up_and_down_keeps_slots_disjoint_and_frees_them"),
     (r"segserve build --weights", "test", "tests/integration/test_archives.py::test_each_mar_runs_with_only_the_archive_on_the_path"),
     (r"segserve build$", "walkthrough", ""),
