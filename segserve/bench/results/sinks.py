@@ -11,6 +11,7 @@ import yaml
 
 from segserve.machine.identity import label
 from segserve.bench.results.analysis import Analysis
+from segserve.bench.results.manifests import served_foreign, write_manifests
 from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
 from segserve.bench.results.report import write_report
@@ -87,7 +88,8 @@ class Plots(Sink):
 
 
 class Best(Sink):
-    """best/config.properties and best/<dag>.yaml from the best workflow or fused point (else any target's)."""
+    """best/config.properties and best/<dag>.yaml from the best workflow or fused point (else any target's); for an
+    archive target also its register.sh and the manifests to run it in a cluster (manifests.py)."""
 
     def __init__(self, catalog: Catalog):
         self.catalog = catalog
@@ -116,6 +118,7 @@ class Best(Sink):
         foreign = self.catalog.foreign.get(target.name)
         if foreign is not None:
             self.foreign_best(best_dir, chosen, target, foreign, on)
+            write_manifests(best_dir, chosen, served_foreign(target, foreign, chosen), on, run.suite.core_plan)
             return
         if target.dag is None:
             return
