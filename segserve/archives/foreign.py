@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.catalog import WORKFLOW_MODEL_KEYS, Node, NodeModel, Target
+from segserve.archives.remote import cache_folder, fetch, folder_of, is_remote, joined, local_path
 from segserve.errors import RuntimeFailure, UsageError
 
 FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it
@@ -33,6 +34,8 @@ class ForeignArchive:
     spec_file: str | None = None  # its name inside the .war
     node: str | None = None  # a .war's member: the node whose .mar it is (its one node is named so)
     parent: str | None = None  # a member below the root: the member whose answers it is sent
+    source: str | None = None  # the URL `path` is fetched from (segserve/archives/remote.py)
+    store_source: str | None = None  # the URL prefix `model_store` is fetched from
 
     @property
     def kind(self) -> str:
@@ -80,8 +83,9 @@ class ForeignArchive:
                     "with inputs of its own)"
                 )
             member_parent = None if parent is None else self.member_name(parent)
-            path = self.model_store / url
-            members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, parent=member_parent))
+            path, source = self.model_store / url, joined(self.store_source, url) if self.store_source else None
+            remote = {"source": source, "store_source": self.store_source}
+            members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, parent=member_parent, **remote))
         return members
 
     def _leaves(self) -> list[str]:
@@ -96,6 +100,7 @@ class ForeignArchive:
         """Put it into `store` for registration: a .mar copied (once); a .war written with its nodes' entries
         updated by `spec_models` (node → {batch-size, max-batch-delay, timeout-ms, min-workers, max-workers}),
         beside its node .mar files. Returns the file name to register."""
+        self.fetch_missing()
         if self.kind == "model":
             copy = store / f"{self.name}.mar"
             if self.node is not None and not self.path.is_file():  # a member: the .war names a .mar that is not there
@@ -120,6 +125,16 @@ class ForeignArchive:
                 written.writestr(item, data)
         return copy.name
 
+    def fetch_missing(self, node_archives_only: bool = False) -> None:
+        """What is remote and not in the local cache yet (read_archive fetched it unless its URL did not answer
+        then): fetched now, or a RuntimeFailure that names the URL with its credentials masked."""
+        if self.source and not node_archives_only and not self.path.is_file():
+            fetch(self.source, self.path.parent)
+        if self.store_source and self.kind == "workflow":
+            for url in self.nodes.values():
+                if not (self.model_store / url).is_file():
+                    fetch(joined(self.store_source, url), self.model_store)
+
     def spec_with(self, node_values: dict[str, dict]) -> dict:
         """The .war's spec (a copy) with these values written into its nodes' `models:` entries."""
         spec = json.loads(json.dumps(self.spec))
@@ -133,15 +148,41 @@ def _model(name: str, path: Path) -> NodeModel:
 
 
 def read_archive(name: str, archive: str, model_store: str | None) -> ForeignArchive:
-    """The archive target's archive; a .war's spec read from it (one it cannot read fails at registration)."""
-    path = Path(archive)
-    if not path.is_file():
-        raise UsageError(f"targets.{name}.archive: no such file {archive!r}")
-    store = Path(model_store) if model_store else path.parent
-    if model_store and not store.is_dir():
-        raise UsageError(f"targets.{name}.model_store: no such folder {model_store!r}")
+    """The archive target's archive; a .war's spec read from it (one it cannot read fails at registration). An
+    archive or model store at a URL is fetched into the local cache first; one whose URL does not answer now
+    fails its points with the reason (its spec unknown till then)."""
+    remote = {}
+    if is_remote(archive):
+        path = local_path(archive, cache_folder(folder_of(archive)))
+        remote["source"] = archive
+        model_store = model_store or folder_of(archive)
+    else:
+        path = Path(archive)
+        if not path.is_file():
+            raise UsageError(f"targets.{name}.archive: no such file {archive!r}")
+    if model_store and is_remote(model_store):
+        store, remote["store_source"] = cache_folder(model_store), model_store
+    else:
+        store = Path(model_store) if model_store else path.parent
+        if model_store and not store.is_dir():
+            raise UsageError(f"targets.{name}.model_store: no such folder {model_store!r}")
+    if "source" in remote:
+        try:
+            fetch(archive, path.parent)
+        except RuntimeFailure:  # the points say so, with the URL masked: the suite is not refused for it
+            path.unlink(missing_ok=True)  # nor is an older copy measured in its place
+            return ForeignArchive(name, path, store, **remote)
+    found = _read(name, path.resolve(), store.resolve(), remote)
+    try:
+        found.fetch_missing(node_archives_only=True)
+    except RuntimeFailure:
+        pass  # a node archive whose URL does not answer: fetched again, or named, when the point registers it
+    return found
+
+
+def _read(name: str, path: Path, store: Path, remote: dict) -> ForeignArchive:
     if path.suffix == ".mar":
-        return ForeignArchive(name, path.resolve(), store.resolve())
+        return ForeignArchive(name, path, store, **remote)
     try:
         with zipfile.ZipFile(path) as war:
             spec_file = json.loads(war.read(WAR_MANIFEST))["workflow"]["specFile"]
@@ -149,5 +190,5 @@ def read_archive(name: str, archive: str, model_store: str | None) -> ForeignArc
         if not isinstance(spec, dict) or not isinstance(spec.get("models"), dict):
             raise ValueError("no models: mapping")
     except (zipfile.BadZipFile, KeyError, ValueError, TypeError, yaml.YAMLError):
-        return ForeignArchive(name, path.resolve(), store.resolve())
-    return ForeignArchive(name, path.resolve(), store.resolve(), spec, spec_file)
+        return ForeignArchive(name, path, store, **remote)
+    return ForeignArchive(name, path, store, spec, spec_file, **remote)

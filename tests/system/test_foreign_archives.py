@@ -2,19 +2,25 @@
 benchmarked as a user would: a TorchScript model behind its own BaseHandler (raw tensors in), a two-node workflow
 (that model, then a Pillow JPEG function handler), a two-input model fed multipart requests, and broken ones."""
 
+import base64
+import functools
 import hashlib
+import http.server
 import json
 import re
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
+import boto3
 import pytest
 import torch
 import yaml
 
 from segserve.cli import main
+from tests.integration.test_export import aws  # noqa: F401 (the fixture: moto's S3 on loopback)
 
 BIN = Path(sys.executable).parent
 
@@ -216,3 +222,64 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
         assert main(["bench", str(suite), "--dry-run"]) == 0, capsys.readouterr().err
         counts[suite.stem] = len(re.findall(r"^ +\d+\. ", capsys.readouterr().out, re.MULTILINE))  # the planned points
     assert counts == {"seed_grid": 48, "seed_members": 16, "seed_search": 48, "seed_side_by_side": 3}
+
+
+class Archives(http.server.SimpleHTTPRequestHandler):
+    """The user's folder over HTTP, behind basic auth (user:secret), as an artifact server would serve it."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        if self.headers.get("Authorization") != "Basic " + base64.b64encode(b"user:secret").decode():
+            self.send_error(401)
+            return
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_archives_at_urls_are_fetched_and_benchmarked_and_one_that_does_not_answer_fails_masked(
+    user_archives,
+    aws,
+    tmp_path,
+    monkeypatch,
+    capsys,  # noqa: F811
+):
+    """An archive target's archive at https?:// (basic auth in the URL) and s3:// (a .war with its node archives beside
+    it): fetched into the cache and measured; a URL that does not answer fails its point with the URL masked."""
+    monkeypatch.setenv("SEGSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws)  # boto3's own setting: segserve's code does not know it is not AWS
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="models")
+    for name in ("pipeline.war", "tiny.mar", "encode.mar"):
+        s3.upload_file(str(user_archives / name), "models", f"v1/{name}")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Archives, directory=str(user_archives)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://user:secret@127.0.0.1:{server.server_address[1]}"
+    try:
+        _, rows = bench(
+            tmp_path,
+            "remote",
+            textwrap.dedent(
+                f"""
+                targets:
+                  - {{name: fetched, archive: "{base}/tiny.mar"}}
+                  - {{name: gone, archive: "{base}/gone.mar?token=abc"}}
+                  - {{name: from_s3, archive: "s3://models/v1/pipeline.war"}}
+                inputs: [{{tensor: {{dtype: float32, shape: [3, 32, 32], count: 2}}}}]
+                grid: {{archive: {{batch_size: [2]}}, load: {{concurrency: [2]}}}}
+                load: {{warmup_s: 0.3, fresh_workers_warmup_s: 1.0, window_s: 0.5, stable_windows: 2, max_windows: 3}}
+                """
+            ),
+            capsys,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    by_target = {r["target"]: r for r in rows}
+    assert by_target["fetched"]["error"] is None and by_target["fetched"]["requests_ok"] > 0, by_target["fetched"]
+    assert by_target["from_s3"]["error"] is None and by_target["from_s3"]["requests_ok"] > 0, by_target["from_s3"]
+    gone = by_target["gone"]["error"]
+    assert gone.startswith(f"RuntimeFailure: http://***@127.0.0.1:{server.server_address[1]}/gone.mar?token=*** answered HTTP 404"), gone
+    files = [p for p in (tmp_path / "results").rglob("*") if p.is_file() and p.suffix != ".png"]
+    written = capsys.readouterr().out + "".join(p.read_text() for p in files)
+    assert "user:secret" not in written and "token=abc" not in written

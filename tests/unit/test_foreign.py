@@ -177,3 +177,15 @@ def test_a_war_is_registered_from_a_copy_with_each_nodes_values_written_into_its
     assert spec["models"]["post"] == {"url": "post.mar"} and spec["dag"] == {"pre": ["post", "tail"]}
     assert (archives / "flow.war").read_bytes() == original  # the user's file is left as it was
     assert (store / "pre.mar").read_bytes() == b"pre" and not (store / "post.mar").exists()  # a missing node: TorchServe says so
+
+
+def test_urls_are_printed_and_kept_without_their_credentials():
+    from segserve.archives.remote import folder_of, masked, masked_text
+
+    assert (
+        masked("https://user:pw@host:8443/a/b.mar?X-Amz-Signature=s3cr3t&x=1") == "https://***@host:8443/a/b.mar?X-Amz-Signature=***&x=***"
+    )
+    assert masked("s3://bucket/v1/seed.war") == "s3://bucket/v1/seed.war"
+    text = 'targets: [{name: a, archive: "http://u:p@127.0.0.1:9/a.mar"}, {name: b, archive: s3://x/y.war}]'
+    assert masked_text(text) == 'targets: [{name: a, archive: "http://***@127.0.0.1:9/a.mar"}, {name: b, archive: s3://x/y.war}]'
+    assert folder_of("s3://bucket/v1/seed.war") == "s3://bucket/v1/"

@@ -5,7 +5,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import subprocess
 from collections import Counter
 from datetime import UTC, datetime
@@ -13,6 +12,7 @@ from functools import cache
 from pathlib import Path
 
 from segserve.archives.catalog import Catalog
+from segserve.archives.remote import masked_text
 from segserve.bench.results.analysis import Pipeline, analyse
 from segserve.bench.results.sinks import Best, Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs
@@ -284,7 +284,8 @@ def run_suite(
     else:
         out_dir = results_root / suite.name / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(suite_path, out_dir / "suite.yaml")
+    # as written, but no URL's credentials (an archive's user:password, a presigned query): results get exported
+    (out_dir / "suite.yaml").write_text(masked_text(suite_path.read_text()))
     env_info = environment(catalog.root)
     setup = Setup(suite, catalog, weights)
     parts = {name: setup.parts(name) for name in suite.target_names}

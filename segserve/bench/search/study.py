@@ -16,6 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
+from segserve.archives.remote import masked_text
 from segserve.errors import UsageError
 
 OPEN_ATTEMPTS = 3  # a database storage is opened this many times before it counts as unreachable
@@ -135,7 +136,7 @@ def study_records(study) -> list[dict]:
 def save_suite(study, suite_path: Path) -> None:
     """The suite a study measures, kept in the study (collect writes the folder from it)."""
     if "suite_yaml" not in study.user_attrs:
-        study.set_user_attr("suite_yaml", suite_path.read_text())
+        study.set_user_attr("suite_yaml", masked_text(suite_path.read_text()))  # no URL's credentials in a shared database
 
 
 def record_for_storage(record: dict) -> dict:

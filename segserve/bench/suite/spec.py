@@ -11,7 +11,7 @@ import glob
 import ipaddress
 import os
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal, Union
 from urllib.parse import urlsplit
 
@@ -241,9 +241,10 @@ class ArchiveTarget(Strict):
     name: Annotated[str, Field(pattern=r"^[A-Za-z][\w-]*$")]
     """The model or workflow name it is registered under, and its name in the results"""
     archive: str
-    """The .mar or .war: a path (relative to the working directory)"""
+    """The .mar or .war: a path (relative to the working directory), `s3://bucket/key` or `http(s)://host/path`
+    (fetched into a local cache; the usual AWS credentials, user:password in an http URL)"""
     model_store: str | None = None
-    """The folder holding the .mar files a .war's nodes name (default: the .war's folder)"""
+    """The folder or URL prefix holding the .mar files a .war's nodes name (default: the .war's folder)"""
     inputs: Annotated[list[InputSpec], Field(min_length=1)] | None = None
     """What this target is sent, round-robin (default: the suite's inputs)"""
     members: bool = False
@@ -254,15 +255,20 @@ class ArchiveTarget(Strict):
     @field_validator("archive")
     @classmethod
     def archive_file(cls, archive: str) -> str:
-        if not archive.endswith((".mar", ".war")):
+        if _archive_suffix(archive) not in (".mar", ".war"):
             raise ValueError(f"{archive!r}: give a .mar or .war file")
         return archive
 
     @model_validator(mode="after")
     def members_of_a_workflow(self) -> "ArchiveTarget":
-        if self.members and not self.archive.endswith(".war"):
+        if self.members and _archive_suffix(self.archive) != ".war":
             raise ValueError(f"members: only a .war has members (got {self.archive!r})")
         return self
+
+
+def _archive_suffix(archive: str) -> str:
+    """.mar or .war, of a path or of a URL's path (a presigned URL's query after it)."""
+    return PurePosixPath(urlsplit(archive).path).suffix
 
 
 def _target_kind(value) -> str:
@@ -576,7 +582,9 @@ def add_members(suite: Suite, catalog: Catalog) -> None:
             raise UsageError(f"targets.{war.name}.members: {', '.join(taken)} is already a target: rename it")
         catalog.add_foreign(members)
         entries = [
-            ArchiveTarget(name=m.name, archive=str(m.path), model_store=war.model_store, inputs=None if m.parent else war.inputs)
+            ArchiveTarget(name=m.name, archive=m.source or str(m.path), model_store=war.model_store, inputs=war.inputs)
+            if m.parent is None  # the root is sent the .war's inputs, the others their parent's answers
+            else ArchiveTarget(name=m.name, archive=m.source or str(m.path), model_store=war.model_store)
             for m in members
             if m.name not in suite.target_names
         ]
