@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from segserve.bench.suite.columns import METRICS, best, satisfies
 from segserve.bench.results.stats import bootstrap_interval, ratio, ratio_of_medians, uncertainty
+from segserve.bench.suite.columns import METRICS, best, satisfies
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import yaml
 
+from segserve.archives.catalog import Catalog
 from segserve.bench.results.store import read_summary
 from segserve.bench.suite.columns import METRICS, best
-from segserve.archives.catalog import Catalog
 from segserve.errors import UsageError
 from segserve.serving.cores import cores_text, parse_plan, split_cores
 

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from segserve.archives.s3 import aws_call
 from segserve.bench.results.analysis import node_times
 from segserve.bench.results.store import IDENTITY_KEYS, read_runs
 from segserve.bench.suite.columns import BASE_COLUMNS, EXTRA_COLUMNS, METRICS
 from segserve.errors import RuntimeFailure, UsageError
-from segserve.archives.s3 import aws_call
 
 CLOUDWATCH_BATCH = 500  # metric data per PutMetricData call (the API takes 1000 and 1 MB)
 CLOUDWATCH_UNITS = {"ms": "Milliseconds", "s": "Seconds", "req/s": "Count/Second", "bytes": "Bytes", "MB": "Megabytes"}

@@ -10,9 +10,9 @@ import re
 import tempfile
 from pathlib import Path
 
+from segserve.archives.catalog import unknown
 from segserve.bench.results.render import render_table
 from segserve.bench.results.store import read_summary
-from segserve.archives.catalog import unknown
 from segserve.errors import UsageError
 
 # longest first, so that `<=` is not read as `<`

@@ -201,7 +201,9 @@ def write_report(
         f"`{r.get('run_id')}` (others took {cell(r.get('others_cpu_pct'))}% of the machine)" for r in records if r.get("disturbed")
     ]
     bare_disturbed = [
-        f"`{r.get('run_id')}` (others took {cell(r.get('bare_others_cpu_pct'))}% of the machine)" for r in records if r.get("bare_disturbed")
+        f"`{r.get('run_id')}` (others took {cell(r.get('bare_others_cpu_pct'))}% of the machine)"
+        for r in records
+        if r.get("bare_disturbed")
     ]
     saturated = [f"`{r.get('run_id')}`" for r in records if r.get("client_saturated") is True]
     md += [

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from segserve.machine.identity import label
+from segserve.archives.catalog import Catalog
 from segserve.bench.results.analysis import Analysis
 from segserve.bench.results.manifests import served_foreign, write_manifests
 from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
@@ -18,7 +18,7 @@ from segserve.bench.results.report import write_report
 from segserve.bench.results.store import write_summary
 from segserve.bench.suite.plan import spec_entry
 from segserve.bench.suite.spec import Suite
-from segserve.archives.catalog import Catalog
+from segserve.machine.identity import label
 from segserve.serving.ts_config import render_config
 
 
@@ -136,7 +136,6 @@ class Best(Sink):
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
 
-
     @staticmethod
     def foreign_best(best_dir, chosen: dict, target, foreign, on: str) -> None:
         """A user's archive at its best point: the management API calls that register it so (best/register.sh),
@@ -149,11 +148,16 @@ class Best(Sink):
         management = "${TS_MANAGEMENT:-http://127.0.0.1:8081}"
         if foreign.kind == "model":
             query = f"url={foreign.path.name}&model_name={target.name}&initial_workers={chosen['workers']}&synchronous=true"
-            for param, key in (("batch_size", "batch_size"), ("max_batch_delay_ms", "max_batch_delay"), ("response_timeout", "response_timeout")):
+            for param, key in (
+                ("batch_size", "batch_size"),
+                ("max_batch_delay_ms", "max_batch_delay"),
+                ("response_timeout", "response_timeout"),
+            ):
                 if chosen.get(param) is not None:
                     query += f"&{key}={chosen[param]}"
             calls = [f'curl -fsS -X POST "{management}/models?{query}"']
-            calls.append(f'curl -fsS -X PUT "{management}/models/{target.name}?min_worker={chosen["workers"]}&max_worker={chosen["workers"]}&synchronous=true"')
+            workers = chosen["workers"]
+            calls.append(f'curl -fsS -X PUT "{management}/models/{target.name}?min_worker={workers}&max_worker={workers}&synchronous=true"')
         else:
             nodes = {}
             for node in foreign.nodes:
@@ -165,7 +169,13 @@ class Best(Sink):
                 f"# archive best/{target.name}.yaml with your handler into {target.name}.war (torch-workflow-archiver --spec-file), then:",
                 f'curl -fsS -X POST "{management}/workflows?url={target.name}.war&workflow_name={target.name}"',
             ]
-        script = "#!/bin/sh\n" + header + "# TS_MANAGEMENT: the management API (default http://127.0.0.1:8081)\nset -e\n" + "\n".join(calls) + "\n"
+        script = (
+            "#!/bin/sh\n"
+            + header
+            + "# TS_MANAGEMENT: the management API (default http://127.0.0.1:8081)\nset -e\n"
+            + "\n".join(calls)
+            + "\n"
+        )
         (best_dir / "register.sh").write_text(script)
 
 
