@@ -72,10 +72,18 @@ class ForeignArchive:
         if self.spec is None:
             raise UsageError(f"targets.{self.name}.members: {self.path.name} has no workflow spec segserve can read")
         dag = self.spec.get("dag") or {}
-        parents = {child: parent for parent, children in dag.items() for child in children or []}
+        parents: dict[str, list[str]] = {}
+        for parent, children in dag.items():
+            for child in children or []:
+                parents.setdefault(child, []).append(parent)
         members = []
         for node, url in self.nodes.items():
-            parent = parents.get(node)
+            if len(parents.get(node, [])) > 1:  # TorchServe 0.12 sends a join one input per parent, not one body
+                joined_from = ", ".join(parents[node])
+                raise UsageError(
+                    f"targets.{self.name}.members: node {node!r} joins {joined_from}: its inputs cannot be captured as one body"
+                )
+            parent = (parents.get(node) or [None])[0]
             if parent is not None and parent not in self.nodes:
                 raise UsageError(
                     f"targets.{self.name}.members: node {node!r} is sent what function node {parent!r} answers, which "

@@ -39,6 +39,8 @@ def archives(tmp_path):
     spec = {"models": {"batch-size": 1, "pre": {"url": "pre.mar"}, "post": {"url": "post.mar"}}, "dag": {"pre": ["post", "tail"]}}
     write_war(tmp_path / "flow.war", spec)
     write_war(tmp_path / "fn.war", {"models": {"post": {"url": "post.mar"}}, "dag": {"tail": ["post"]}})
+    joined = {"models": {n: {"url": f"{n}.mar"} for n in ("a", "b", "c", "d")}, "dag": {"a": ["b", "c"], "b": ["d"], "c": ["d"]}}
+    write_war(tmp_path / "join.war", joined)
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01")
     return tmp_path
 
@@ -103,6 +105,7 @@ def test_a_segserve_handler_setting_on_an_archive_target_is_refused_naming_it(ar
         ("{name: mine, archive: mine.mar, inputs: [{files: [nope.bin]}]}", "[{files: [blob.bin]}]", "no file matches 'nope.bin'"),
         ("{name: mine, archive: mine.mar, members: true}", "[{files: [blob.bin]}]", "members: only a .war has members"),
         ("{name: fn, archive: fn.war, members: true}", "[{files: [blob.bin]}]", "node 'post' is sent what function node 'tail' answers"),
+        ("{name: j, archive: join.war, members: true}", "[{files: [blob.bin]}]", "node 'd' joins b, c: its inputs cannot be captured"),
     ],
 )
 def test_bad_archive_targets_and_inputs_are_refused_in_one_line_before_anything_starts(archives, monkeypatch, target, inputs, says):
