@@ -4,6 +4,10 @@ served DAG did (TorchServe's Prometheus counters and the handlers' own, the work
 its one model's workers (the thread rule sizes their threads). Every decision
 is one JSON line in <run dir>/autoscale.jsonl (time, what it saw, the move, why, whether it was applied).
 
+A user's own workflow (a .war segserve did not build, registered as <workflow>__<node> models) has no handler
+counters: its samples come from TorchServe's queue and inference microseconds, the batch size and workers the
+management API describes, and the workers' CPU (rules.py: source "torchserve").
+
 The loop runs in its own process: if it dies, TorchServe keeps serving with the workers it last set.
 """
 
@@ -17,7 +21,20 @@ from pathlib import Path
 
 import psutil
 
-from segserve.autoscale.rules import Bounds, Known, NodeSample, Policy, Trial, decide, decide_workers, judge, mix_of, pipeline_rps, same_mix
+from segserve.autoscale.rules import (
+    TORCHSERVE,
+    Bounds,
+    Known,
+    NodeSample,
+    Policy,
+    Trial,
+    decide,
+    decide_workers,
+    judge,
+    mix_of,
+    pipeline_rps,
+    same_mix,
+)
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.metrics import HANDLER_PREFIX, scrape
 
@@ -60,6 +77,22 @@ def dag_bounds(catalog, dag: str) -> dict[str, Bounds]:
     return node_bounds(spec.get("models", {}), {node.name: target.registered(node.name) for node in target.nodes})
 
 
+def war_bounds(archive, workflow: str | None = None) -> dict[str, Bounds]:
+    """node_bounds of a user's .war (segserve/archives/foreign.py: a ForeignArchive read from it), by the model each
+    model node is registered as (<workflow>__<node>; the workflow's name defaults to the archive's). Function
+    nodes run in TorchServe's frontend: no workers to move."""
+    if archive.spec is None:
+        raise UsageError(f"{archive.path}: not a workflow archive with a spec segserve can read (WAR-INF/MANIFEST.json → specFile)")
+    name = workflow or archive.name
+    return node_bounds(archive.spec.get("models") or {}, {node: f"{name}__{node}" for node in archive.nodes})
+
+
+def target_bounds(catalog, name: str) -> dict[str, Bounds]:
+    """Per node of a suite's workflow target: a catalog DAG's YAML, or an archive target's .war spec."""
+    archive = catalog.foreign.get(name)
+    return war_bounds(archive) if archive is not None else dag_bounds(catalog, name)
+
+
 class Meter:
     """Per-node deltas between two reads: requests served, queue and handler time, workers' CPU."""
 
@@ -68,10 +101,11 @@ class Meter:
         self.last = self.read()
 
     def read(self) -> dict:
-        workers = {}
+        workers, batch = {}, {}
         for model in self.models:
-            described = self.server.describe(model).get("workers", [])
-            workers[model] = [int(w["pid"]) for w in described if int(w.get("pid") or -1) > 0]
+            described = self.server.describe(model)
+            workers[model] = [int(w["pid"]) for w in described.get("workers", []) if int(w.get("pid") or -1) > 0]
+            batch[model] = int(described.get("batchSize") or 1)
         cpu = {}
         for pids in workers.values():
             for pid in pids:
@@ -80,7 +114,8 @@ class Meter:
                     cpu[pid] = times.user + times.system
                 except psutil.Error:
                     pass
-        return {"time": time.monotonic(), "counters": scrape(self.server.url("metrics")), "workers": workers, "cpu": cpu}
+        counters = scrape(self.server.url("metrics"))
+        return {"time": time.monotonic(), "counters": counters, "workers": workers, "cpu": cpu, "batch": batch}
 
     def samples(self) -> list[NodeSample]:
         now = self.read()
@@ -89,6 +124,8 @@ class Meter:
 
 
 def samples_between(before: dict, after: dict, models: list[str]) -> list[NodeSample]:
+    """Per model, what it did between two reads: from segserve's handler counters where the handler emits them,
+    else from TorchServe's alone (source "torchserve": no request count, see rules.py)."""
     interval_s = max(after["time"] - before["time"], 1e-6)
     found = []
     for model in models:
@@ -96,8 +133,26 @@ def samples_between(before: dict, after: dict, models: list[str]) -> list[NodeSa
         def delta(counter: str, model: str = model) -> float:
             return after["counters"].get((counter, model), 0.0) - before["counters"].get((counter, model), 0.0)
 
-        served = delta(f"{HANDLER_PREFIX}Requests")
         cpu_s = sum(after["cpu"].get(pid, 0.0) - before["cpu"].get(pid, 0.0) for pid in after["workers"][model])
+        if (f"{HANDLER_PREFIX}Requests", model) not in after["counters"]:
+            queue_us = max(delta("ts_queue_latency_microseconds"), 0.0)
+            busy_us = max(delta("ts_inference_latency_microseconds") - queue_us, 0.0)  # its inference latency includes the queue
+            per_second = 1e6 * interval_s * after.get("batch", {}).get(model, 1)
+            found.append(
+                NodeSample(
+                    node=model,
+                    workers=len(after["workers"][model]),
+                    cpu_cores=round(cpu_s / interval_s, 3),
+                    queue_ms=None,
+                    handler_ms=None,
+                    served_rps=None,
+                    source=TORCHSERVE,
+                    busy_workers=round(busy_us / per_second, 3),
+                    waiting_batches=round(queue_us / per_second, 3),
+                )
+            )
+            continue
+        served = delta(f"{HANDLER_PREFIX}Requests")
         found.append(
             NodeSample(
                 node=model,
@@ -176,8 +231,10 @@ class Autoscaler:
                 record["applied"] = True
                 record["move_s"] = round(time.monotonic() - started, 2)  # until the new worker was ready
                 self.last_move_s = time.monotonic()
-                if trial is None:  # judged on the next interval against the rate before it (two intervals, less noise)
-                    before = self.rates[-2:]
+                before = self.rates[-2:]
+                # judged on the next interval against the rate before it (two intervals, less noise); a rate not
+                # counted (TorchServe's counters alone) judges nothing: the move is kept
+                if trial is None and None not in before:
                     self.trial = Trial(decision.current, decision.current | dict(decision.steps), sum(before) / len(before), mix)
             except RuntimeFailure as error:  # the management API refused: said, nothing more changed by us
                 record["error"] = str(error).splitlines()[0]

@@ -20,23 +20,42 @@ The fused pipeline is one model: nothing to move between nodes. Its workers shar
 budget // workers threads (the thread rule, handlers/pinning.py), so its workers × threads follow the load
 (decide_workers): a worker more while requests queue, one fewer while it keeps up with cores to spare, each a
 trial; its mix is each stage's share (decode, predict, encode) of a request's handler time.
+
+A workflow segserve did not build (a user's .war) has none of segserve's handler counters, and TorchServe 0.12
+counts no requests of a workflow node (no ts_inference_requests_total for it; only cumulative queue and inference
+microseconds). Its samples say so (`source="torchserve"`): no per-request times, no req/s, no stages (None and {},
+never zeros that would read as a free node), and instead the two averages TorchServe's counters give without a
+request count: the workers a node kept busy (inference minus queue time per second, ÷ its batch size) and the
+requests waiting in its queue (queue time per second, in batches). From those: a node's load is the larger of its
+workers' CPU and its busy workers (a handler that waits on I/O or a device uses little CPU but holds its workers),
+times 1 + waiting ÷ busy, the same "how far behind" as queue ÷ handler time per request; it keeps up while its
+requests wait less than `hysteresis` of the time they are served; its mix is its share of the busy workers. What
+the pipeline served is unknown, so such a move is not a trial: it is kept, never judged or undone on req/s.
 """
 
 import math
 from dataclasses import asdict, dataclass, field
 
+SEGSERVE, TORCHSERVE = "segserve", "torchserve"  # what a NodeSample was read from
+
 
 @dataclass(frozen=True)
 class NodeSample:
-    """What one node (a registered model, e.g. seg_jpeg__seg) did over the last interval."""
+    """What one node (a registered model, e.g. seg_jpeg__seg) did over the last interval. `source` "segserve": the
+    handlers' own counters (per request: queue, handler time, stages; req/s); "torchserve": TorchServe's frontend
+    counters alone (a user's handler): the per-request fields are None, stages_ms is empty, and busy_workers and
+    waiting_batches say what the node did."""
 
     node: str
     workers: int
     cpu_cores: float  # cores its workers used (CPU seconds per second, /proc)
-    queue_ms: float  # mean wait in TorchServe's queue
-    handler_ms: float  # mean time a request spent in the handler
-    served_rps: float = 0.0  # requests it answered per second
-    stages_ms: dict[str, float] = field(default_factory=dict)  # handler time per request by stage (decode, predict, encode)
+    queue_ms: float | None  # mean wait in TorchServe's queue; None: its requests are not counted
+    handler_ms: float | None  # mean time a request spent in the handler; None: not measured
+    served_rps: float | None = 0.0  # requests it answered per second; None: not counted
+    stages_ms: dict[str, float] = field(default_factory=dict)  # handler time per request by stage; {}: no stage counters
+    source: str = SEGSERVE
+    busy_workers: float | None = None  # source torchserve: workers busy on average ((inference - queue) µs/s ÷ batch size)
+    waiting_batches: float | None = None  # source torchserve: requests waiting in its queue on average, ÷ batch size
 
 
 @dataclass(frozen=True)
@@ -92,11 +111,42 @@ class Decision:
         return asdict(self)
 
 
+def queue_share(sample: NodeSample) -> float:
+    """How long its requests wait against how long they are served (queue ÷ service time per request)."""
+    if sample.source == TORCHSERVE:  # no request count: the same ratio from the averages
+        busy = sample.busy_workers or 0.0
+        return (sample.waiting_batches or 0.0) / busy if busy > 0 else 0.0
+    return sample.queue_ms / sample.handler_ms if sample.handler_ms > 0 else 0.0
+
+
+def keeping_up(sample: NodeSample, policy: "Policy") -> bool:
+    """Its requests barely wait: under min_queue_ms each; without a request count, under `hysteresis` of the
+    time they are served."""
+    if sample.queue_ms is None:
+        return queue_share(sample) < policy.hysteresis
+    return sample.queue_ms < policy.min_queue_ms
+
+
+def queue_text(sample: NodeSample) -> str:
+    if sample.queue_ms is None:
+        return f"its requests wait {queue_share(sample):.0%} of their busy time ({sample.waiting_batches or 0:.1f} waiting)"
+    return f"queue {sample.queue_ms:.0f} ms"
+
+
 def load_cores(sample: NodeSample) -> float:
-    """Cores the node would use to keep up: what it used, times (wait + service) / service when it queues."""
+    """Cores the node would use to keep up: what it used, times (wait + service) / service when it queues. From
+    TorchServe's counters alone, what it used is the larger of its CPU and its busy workers (a handler that waits
+    on I/O or a device holds its worker with little CPU)."""
     used = max(sample.cpu_cores, 0.01 * sample.workers)  # an idle node still holds a little
-    behind = 1 + sample.queue_ms / sample.handler_ms if sample.handler_ms > 0 else 1
-    return used * behind
+    if sample.source == TORCHSERVE:
+        used = max(used, sample.busy_workers or 0.0)
+    return used * (1 + queue_share(sample))
+
+
+def _keeping_up_text(sample: NodeSample, policy: "Policy") -> str:
+    if sample.queue_ms is None:
+        return f"its requests wait {queue_share(sample):.0%} of their busy time < {policy.hysteresis:.0%}"
+    return f"queue {sample.queue_ms:.1f} ms < {policy.min_queue_ms} ms"
 
 
 def split(loads: dict[str, float], bounds: dict[str, Bounds], budget: int) -> dict[str, int]:
@@ -116,8 +166,11 @@ def split(loads: dict[str, float], bounds: dict[str, Bounds], budget: int) -> di
     return target
 
 
-def pipeline_rps(samples: list[NodeSample]) -> float:
-    """What the DAG served: every request passes every node, so the slowest node's answers per second."""
+def pipeline_rps(samples: list[NodeSample]) -> float | None:
+    """What the DAG served: every request passes every node, so the slowest node's answers per second; None when
+    a node's requests are not counted (TorchServe's counters alone)."""
+    if any(s.served_rps is None for s in samples):
+        return None
     return min((s.served_rps for s in samples), default=0.0)
 
 
@@ -127,6 +180,10 @@ def mix_of(samples: list[NodeSample]) -> dict[str, float]:
     if len(samples) == 1 and sum(samples[0].stages_ms.values()) > 0:
         stages = samples[0].stages_ms
         return {stage: ms / sum(stages.values()) for stage, ms in stages.items()}
+    if any(s.handler_ms is None for s in samples):  # TorchServe's counters alone: each node's share of the busy workers
+        busy = {s.node: s.busy_workers or 0.0 for s in samples}
+        total = sum(busy.values())
+        return {node: (value / total if total else 1 / len(samples)) for node, value in busy.items()}
     total = sum(s.handler_ms for s in samples)
     return {s.node: (s.handler_ms / total if total else 1 / len(samples)) for s in samples}
 
@@ -152,6 +209,9 @@ def judge(trial: Trial, samples: list[NodeSample], policy: Policy, now_s: float)
     current = {s.node: s.workers for s in samples}
     decision = Decision(now_s, loads, current, dict(current))
     rate = pipeline_rps(samples)
+    if rate is None:  # not counted now: nothing to judge it on (the loop makes no trial without a rate)
+        decision.reason = "kept the move: what the pipeline served is not counted"
+        return decision
     if rate >= trial.rate_before_rps * (1 - policy.max_drop):
         decision.reason = f"kept the move: {rate:.1f} req/s after it, {trial.rate_before_rps:.1f} before"
         return decision
@@ -177,7 +237,7 @@ def _held(after: dict[str, int], samples: list[NodeSample], policy: Policy, now_
     if mix_before is not None and not same_mix(mix_before, mix, policy.mix_tolerance):
         return f"waiting: the request mix is moving ({_shares(mix_before)} → {_shares(mix)}), one more interval"
     rate = pipeline_rps(samples)
-    for k in known:
+    for k in known if rate is not None else ():
         if (
             k.split == after
             and k.until_s > now_s
@@ -203,7 +263,7 @@ def decide(
     rate it is judged against was served at the same mix (a phase change moves the rate by itself)."""
     loads = {s.node: load_cores(s) for s in samples}
     current = {s.node: s.workers for s in samples}
-    queue = {s.node: s.queue_ms for s in samples}
+    by_node = {s.node: s for s in samples}
     target = split(loads, bounds, policy.budget_workers)
     decision = Decision(now_s, {n: round(v, 3) for n, v in loads.items()}, current, target)
     if target == current:
@@ -224,8 +284,8 @@ def decide(
         decision.reason = f"{shrink} gives a worker back ({total_workers} workers, budget {policy.budget_workers})"
         return decision
     gap = loads[grow] / total_load - current[grow] / total_workers
-    if queue[grow] < policy.min_queue_ms:
-        decision.reason = f"holding: {grow} is keeping up (queue {queue[grow]:.1f} ms < {policy.min_queue_ms} ms)"
+    if keeping_up(by_node[grow], policy):
+        decision.reason = f"holding: {grow} is keeping up ({_keeping_up_text(by_node[grow], policy)})"
         return decision
     if gap < policy.hysteresis:
         decision.reason = f"holding: {grow}'s share of the load is {gap:.2f} above its share of the workers (< {policy.hysteresis})"
@@ -241,7 +301,7 @@ def decide(
     decision.steps = steps
     moved = f", from {shrink}" if len(decision.steps) == 2 else ""
     decision.reason = (
-        f"{grow} takes a worker{moved}: {math.ceil(100 * gap)}% more of the load than of the workers, queue {queue[grow]:.0f} ms"
+        f"{grow} takes a worker{moved}: {math.ceil(100 * gap)}% more of the load than of the workers, {queue_text(by_node[grow])}"
     )
     return decision
 
@@ -263,20 +323,25 @@ def decide_workers(
     most = min(bounds.max_workers, budget)  # at least one thread a worker
     load = load_cores(sample)
     decision = Decision(now_s, {node: round(load, 3)}, {node: workers}, {node: workers})
-    waiting = sample.queue_ms >= policy.min_queue_ms and sample.queue_ms >= policy.hysteresis * sample.handler_ms > 0
-    spare = sample.queue_ms < policy.min_queue_ms and load <= (1 - policy.hysteresis) * budget
+    share = queue_share(sample)
+    waiting = not keeping_up(sample, policy) and share >= policy.hysteresis and share > 0
+    spare = keeping_up(sample, policy) and load <= (1 - policy.hysteresis) * budget
     if workers > most:
         wanted, move = workers - 1, f"{node} gives a worker back ({workers} workers, budget {budget} cores)"
     elif waiting and workers < most:
         wanted = workers + 1
-        share = sample.queue_ms / sample.handler_ms
-        move = f"{node} takes a worker: requests wait {sample.queue_ms:.0f} ms ({share:.0%} of their handler time); "
+        waited = f"{sample.queue_ms:.0f} ms " if sample.queue_ms is not None else ""
+        move = f"{node} takes a worker: requests wait {waited}({share:.0%} of their handler time); "
         move += f"{budget // wanted} thread(s) each"
     elif spare and workers > bounds.min_workers:
         wanted = workers - 1
         move = f"{node} gives a worker back: it keeps up on {load:.2f} of {budget} cores; {budget // wanted} thread(s) each"
     else:
-        state = f"requests wait {sample.queue_ms:.0f} ms" if waiting else f"keeping up (queue {sample.queue_ms:.1f} ms, {load:.2f} cores)"
+        if sample.queue_ms is None:
+            waited, queue = f"{share:.0%} of their busy time", f"requests wait {share:.0%} of their busy time"
+        else:
+            waited, queue = f"{sample.queue_ms:.0f} ms", f"queue {sample.queue_ms:.1f} ms"
+        state = f"requests wait {waited}" if waiting else f"keeping up ({queue}, {load:.2f} cores)"
         decision.reason = f"holding: {node} {state} with {workers} worker(s) ({bounds.min_workers}–{most})"
         return decision
     decision.target = {node: wanted}

@@ -10,7 +10,7 @@ import numpy as np
 
 from segserve.archives.build import node_handler_settings
 from segserve.archives.catalog import Catalog
-from segserve.autoscale.loop import Autoscaler, InBackground, dag_bounds, reactions
+from segserve.autoscale.loop import Autoscaler, InBackground, reactions, target_bounds
 from segserve.autoscale.rules import Policy
 from segserve.bench.results.analysis import bare_ratio_reasons
 from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, uncertainty
@@ -148,12 +148,12 @@ class Runner:
 
     def autoscaler(self, point: Point) -> InBackground:
         """segserve autoscale's loop for this point's workflow: its workers' total is the budget, its DAG's YAML
-        gives each node's min/max."""
+        (an archive target: its .war's spec) gives each node's min/max."""
         settings = self.suite.autoscaler
         policy = Policy(sum(point.workers.values()), settings.hysteresis, settings.min_interval_s, settings.min_queue_ms)
         server = self.deployment.server
         # its decisions go to the run dir's autoscale.jsonl and the record; the progress line counts its moves
-        scaler = Autoscaler(server, dag_bounds(self.catalog, point.target), policy, server.run_dir, log=lambda _line: None)
+        scaler = Autoscaler(server, target_bounds(self.catalog, point.target), policy, server.run_dir, log=lambda _line: None)
         return InBackground(scaler, settings.interval_s)
 
     def bare_slices(self, point: Point, node: str | None) -> list[dict]:
