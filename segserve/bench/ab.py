@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
+from segserve import ROOT
 from segserve.archives.catalog import Catalog
 from segserve.bench.results.compare import overall_change, paired_change, throughput_change
 from segserve.bench.results.render import render_table
@@ -38,6 +39,33 @@ def checkout(root: Path, ref: str, into: Path, log=print) -> tuple[Path, bool]:
         raise UsageError(f"{ref!r} is neither a folder nor a git ref of {root}: {done.stderr.strip().splitlines()[-1]}")
     log(f"{ref}: worktree {into}")
     return into, True
+
+
+def project_root(here: Path) -> Path:
+    """The checkout whose git refs --a and --b name: the folder run from when it is a segserve project, else the
+    segserve that runs (a user who benchmarks archives of their own runs from their archives' folder)."""
+    return here if (here / "segserve" / "__init__.py").is_file() else ROOT
+
+
+class SideCatalog(Catalog):
+    """A version's catalog, with the suite's archive targets (read, their paths resolved, in the folder run from):
+    a user's archives are the same files on both sides, whichever version registers them. So is a user's own
+    config.properties in that folder, as `segserve bench` run there uses it; without one, each version's own."""
+
+    def __init__(self, folder: Path, foreign: list, config: Path | None = None):
+        super().__init__(folder)
+        self.add_foreign(foreign)
+        self.config = config
+
+    @property
+    def config_template(self) -> Path:
+        return self.config or super().config_template
+
+
+def users_config(here: Path, root: Path) -> Path | None:
+    """The config.properties of the folder run from when that folder is not the project compared."""
+    own = here / "config.properties"
+    return own if here.resolve() != root.resolve() and own.is_file() else None
 
 
 def parse_env(items: list[str]) -> dict[str, str]:
@@ -71,7 +99,10 @@ def run_ab(
     min_effect: float,
     b_env: dict,
     log=print,
+    foreign: list | None = None,
 ) -> tuple[Path, bool]:
+    """`foreign`: the suite's archive targets as load_suite read them (catalog.foreign's values, members too)."""
+    config = users_config(Path.cwd(), root)
     if rounds < 1:
         raise UsageError(f"--rounds must be ≥ 1 (got {rounds})")
     if suite.http_targets:
@@ -82,7 +113,7 @@ def run_ab(
         for name, ref in zip("ab", refs, strict=True):
             folder, made = checkout(root, ref, work / name, log)
             worktrees += [folder] if made else []
-            catalog = Catalog(folder)
+            catalog = SideCatalog(folder, foreign or [], config)
             sides[name] = Deployment(suite, catalog, weights, lambda _: None, env=b_env if name == "b" else None)
         points = planning.expand(suite, sides["a"].catalog, Setup(suite, sides["a"].catalog, weights).digests())
         log(f"{len(points)} point(s) × {rounds} round(s) × A and B, interleaved")

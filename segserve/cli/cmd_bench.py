@@ -120,15 +120,16 @@ def run_compare(args) -> int:
 
 
 def run_ab(args) -> int:
-    from segserve.bench.ab import parse_env
+    from segserve.bench.ab import parse_env, project_root
     from segserve.bench.ab import run_ab as run_versions
     from segserve.bench.suite.spec import load_suite
 
-    suite = load_suite(Path(args.suite), catalog())
+    known = catalog()
+    suite = load_suite(Path(args.suite), known)
     env = parse_env(args.b_env)
-    _, slower = run_versions(
-        suite, Path.cwd(), (args.a, args.b), Path(args.weights).resolve(), Path(args.results), args.rounds, args.min_effect, env
-    )
+    refs, weights, foreign = (args.a, args.b), Path(args.weights).resolve(), list(known.foreign.values())
+    root = project_root(Path.cwd())  # a user's archives' folder is no checkout: segserve's own, then
+    _, slower = run_versions(suite, root, refs, weights, Path(args.results), args.rounds, args.min_effect, env, foreign=foreign)
     return 1 if slower else 0
 
 
