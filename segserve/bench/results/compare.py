@@ -6,9 +6,11 @@ ids; when such a pair shares a place in the space (point_key) the comparison is 
 """
 
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 import numpy as np
+import yaml
 
 from segserve.bench.results.render import cell
 from segserve.bench.results.stats import uncertainty
@@ -17,7 +19,41 @@ from segserve.errors import UsageError
 from segserve.machine.identity import differences, identified, label, machines_of
 
 
-def measured_differently(old: list[dict], new: list[dict]) -> list[str]:
+def archive_targets(folder: Path) -> dict[str, str]:
+    """The archive targets of the run's suite (its suite.yaml) → what changed when their run id did, in words.
+    The members of a `members: true` .war are `<name>-<node>`: their key is the prefix `<name>-`."""
+    path = Path(folder) / "suite.yaml"
+    try:
+        targets = (yaml.safe_load(path.read_text()) or {}).get("targets") or []
+    except (OSError, yaml.YAMLError, AttributeError):
+        return {}
+    found = {}
+    for target in targets:
+        name, archive = (target.get("name"), target.get("archive")) if isinstance(target, dict) else (None, None)
+        if isinstance(name, str) and isinstance(archive, str):
+            war = PurePosixPath(urlsplit(archive).path).suffix == ".war"
+            found[name] = f"{archive}{', or a .mar its nodes name,' if war else ''} is not the file it was"
+            if target.get("members"):
+                found[f"{name}-"] = f"the .mar of its node of {archive} is not the file it was"
+    return found
+
+
+def differing_parts(target: str, parts: list[str], archives: dict[str, str]) -> str:
+    """What differs, in the user's words: an archive target's recipe is its archive, a member's inputs are what its
+    parent node answers; a catalog target's parts as its setup names them."""
+    member = next((what for name, what in archives.items() if name.endswith("-") and target.startswith(name)), None)
+    archive = archives.get(target, member)
+    if archive is None:
+        return ", ".join(parts) or "settings"
+    words = {
+        "recipe": f"archive ({archive})",
+        "inputs": "inputs (what its parent node answers: that node was measured differently)" if member else "inputs",
+        "server": "server config (config.properties, core plan)",
+    }
+    return ", ".join(words.get(part, part) for part in parts) or "settings"
+
+
+def measured_differently(old: list[dict], new: list[dict], archives: dict[str, str] | None = None) -> list[str]:
     """One line per point that both folders hold with another setup, naming the parts that differ."""
     old_by_key = {r["point_key"]: r for r in old if r.get("point_key")}
     lines = []
@@ -30,8 +66,16 @@ def measured_differently(old: list[dict], new: list[dict]) -> list[str]:
             for k in set(before.get("setup") or {}) | set(after.get("setup") or {})
             if (before.get("setup") or {}).get(k) != (after.get("setup") or {}).get(k)
         )
-        lines.append(f"{after['target']} {before['run_id']} vs {after['run_id']}: measured with other {', '.join(parts) or 'settings'}")
+        what = differing_parts(after["target"], parts, archives or {})
+        lines.append(f"{after['target']} {before['run_id']} vs {after['run_id']}: measured with other {what}")
     return lines
+
+
+ARCHIVE_CHANGED = (
+    "an archive target's run ids hold its archive's digest, so a rebuilt .mar/.war is another setup, not another "
+    "version of the code: to measure two builds against each other, give both as targets of one suite "
+    "({name: old, archive: old/model.mar}, {name: new, archive: model.mar}) and read its report"
+)
 
 
 VERDICTS = ("slower", "faster", "no detectable change", "too noisy to tell")
@@ -147,20 +191,30 @@ def machine_lines(old_runs: dict, new_runs: dict, across_machines: bool) -> list
     return [f"ACROSS MACHINES ({', '.join(differ)} differ): a change here is the machine's as much as the code's", *lines]
 
 
+def targets_of(old_rows: list[dict], new_rows: list[dict]) -> str:
+    """Which targets each folder measured, or that they are the same ones at other parameter values."""
+    old, new = (list(dict.fromkeys(r.get("target") for r in rows)) for rows in (old_rows, new_rows))
+    if set(old) == set(new):
+        return f"the same targets ({', '.join(map(str, old))}) at other points of the space"
+    return f"old measured {', '.join(map(str, old))}; new measured {', '.join(map(str, new))}"
+
+
 def compare(old_dir: Path, new_dir: Path, min_effect: float = 0.05, across_machines: bool = False) -> tuple[str, bool]:
     """Join two result folders on run id and judge each point's throughput change from its windows, then the
     suite's (overall_change); the second value is True only on a detected slowdown of the suite larger than
     min_effect, or a point that now fails. Folders from different machines are refused unless across_machines."""
     old_rows, new_rows = read_summary(old_dir), read_summary(new_dir)
-    differently = measured_differently(old_rows, new_rows)
+    archives = archive_targets(old_dir) | archive_targets(new_dir)
+    differently = measured_differently(old_rows, new_rows, archives)
     if differently:
-        raise UsageError("\n".join(["cannot compare: points were measured differently", *differently]))
+        hint = [ARCHIVE_CHANGED] if any("measured with other archive" in line for line in differently) else []
+        raise UsageError("\n".join(["cannot compare: points were measured differently", *differently, *hint]))
     old = {r["run_id"]: r for r in old_rows}
     new = {r["run_id"]: r for r in new_rows}
     if old and new and not set(old) & set(new):
         raise UsageError(
             f"{old_dir} and {new_dir} have no point in common (other suites, or run ids from before 3851533, which "
-            "changed their form): nothing to compare"
+            f"changed their form): nothing to compare; {targets_of(old_rows, new_rows)}"
         )
     old_runs, new_runs = read_runs(old_dir), read_runs(new_dir)  # the windows and the machine live in the run JSONs
     lines, slower, changes = machine_lines(old_runs, new_runs, across_machines), False, []
