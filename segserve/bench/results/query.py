@@ -13,6 +13,7 @@ from pathlib import Path
 from segserve.archives.catalog import unknown
 from segserve.bench.results.render import render_table
 from segserve.bench.results.store import read_summary
+from segserve.bench.suite.params import PARAMS
 from segserve.errors import UsageError
 
 # longest first, so that `<=` is not read as `<`
@@ -56,6 +57,18 @@ def rows_of(folders: list[Path]) -> list[dict]:
     return rows
 
 
+def unknown_column(column: str, columns: list[str]) -> str:
+    """No such column; for a parameter (`batch_size`, a node's `tiny_workers`) also why: a summary has a column for
+    a parameter only where the run swept it (more than one value)."""
+    text = unknown("column", column, columns)
+    if any(column == name or column.endswith(f"_{name}") for name in PARAMS):
+        text += (
+            f"; a run has a {column} column only where its suite swept it (more than one value): one value is in "
+            "its suite.yaml and runs/*.json"
+        )
+    return text
+
+
 def _number(text: str):
     try:
         return float(text)
@@ -70,7 +83,7 @@ def parse_condition(text: str, columns: list[str]):
         raise UsageError(f"--where {text!r}: give COLUMN OP VALUE with OP one of {', '.join(OPERATORS)} (latency_p99_ms<50)")
     column, op, wanted = match.groups()
     if column not in columns:
-        raise UsageError(f"--where {text!r}: {unknown('column', column, columns)}")
+        raise UsageError(f"--where {text!r}: {unknown_column(column, columns)}")
     compare, number = OPERATORS[op], _number(wanted)
 
     def test(row: dict) -> bool:
@@ -98,7 +111,7 @@ def query(
     if sort:
         column, descending = sort.lstrip("-+"), sort.startswith("-")
         if column not in columns:
-            raise UsageError(f"--sort {sort!r}: {unknown('column', column, columns)}")
+            raise UsageError(f"--sort {sort!r}: {unknown_column(column, columns)}")
         present = [r for r in chosen if r.get(column) is not None]
         missing = [r for r in chosen if r.get(column) is None]  # last, whichever the direction
         present.sort(key=lambda r: (isinstance(r[column], str), r[column]), reverse=descending)
