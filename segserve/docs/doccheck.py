@@ -133,6 +133,11 @@ RULES: list[tuple[str, str, str]] = [
         "tests/integration/test_profile.py::test_profile_samples_every_worker_of_a_workflow_and_traces_each_node",
     ),
     (
+        r"segserve autoscale --war",
+        "test",
+        "tests/integration/test_autoscale_foreign.py::test_autoscale_on_a_war_logs_what_torchserve_saw_of_each_node",
+    ),
+    (
         r"segserve serve --targets seg_jpeg --autoscale",
         "test",
         "tests/integration/test_cli.py::test_serve_autoscale_logs_decisions_pin_show_lists_them_and_stop_ends_it",
