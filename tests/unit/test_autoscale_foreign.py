@@ -116,3 +116,15 @@ def test_autoscale_on_a_war_is_refused_in_one_line_before_it_looks_for_a_server(
     assert main(["autoscale", "--run-dir", str(tmp_path / "nothing"), "--war", str(spec)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: no TorchServe runs from {tmp_path / 'nothing'}") and "POST /workflows?url=flow.war" in err
+
+
+def test_a_suites_autoscaled_point_on_an_archive_target_takes_its_wars_bounds(tmp_path):
+    from segserve.archives.catalog import Catalog
+    from segserve.autoscale.loop import target_bounds
+    from tests.conftest import ROOT
+
+    spec = "models:\n  fast: {url: fast.mar, max-workers: 2}\n  slow: {url: slow.mar}\ndag:\n  fast: [slow]\n"
+    catalog = Catalog(ROOT)
+    catalog.add_foreign([read_archive("flow", str(war(tmp_path, spec)), None)])
+    assert target_bounds(catalog, "flow") == {FAST: Bounds(1, 2), SLOW: Bounds(1, 64)}
+    assert set(target_bounds(catalog, "seg_jpeg")) == {"seg_jpeg__seg", "seg_jpeg__jpeg"}  # a catalog DAG: its YAML, as before
