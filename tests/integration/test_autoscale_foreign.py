@@ -52,6 +52,8 @@ def flow(tmp_path_factory):
             """
             models:
               batch-size: 1
+              timeout-ms: 2000  # a dropped answer (TorchServe 0.12, docs/serving.md) asked again soon, not after the default
+              retry-attempts: 3
               fast: {url: fast.mar, min-workers: 1, max-workers: 2}
               slow: {url: slow.mar, min-workers: 1, max-workers: 2}
             dag:
