@@ -88,7 +88,28 @@ RULES: list[tuple[str, str, str]] = [
         "test",
         "tests/system/test_foreign_archives.py::test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder",
     ),
+    (
+        r"segserve fuse model_store/seg_jpeg\.war|segserve bench benchmarks/fuse_vs_handmade\.yaml",
+        "test",
+        "tests/system/test_fuse.py::test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_plans",
+    ),
     (r"segserve bench (benchmarks/\S+\.yaml)", "dry-run", ""),
+    (r"^aws s3 cp ", "test", "tests/unit/test_manifests.py::test_the_inference_service_round_trips_through_kserves_models"),
+    (
+        r"^kubectl apply -f \S+/best/k8s\.yaml",
+        "test",
+        "tests/unit/test_manifests.py::test_k8s_manifests_round_trip_through_the_kubernetes_api_models",
+    ),
+    (
+        r"^kubectl apply -f \S+/best/kserve\.yaml",
+        "test",
+        "tests/unit/test_manifests.py::test_the_inference_service_round_trips_through_kserves_models",
+    ),
+    (
+        r"^segserve build --upload s3://",
+        "test",
+        "tests/integration/test_archive_store.py::test_upload_and_fetch_send_and_download_only_what_changed",
+    ),
     (
         r"segserve bench SUITE\.yaml --resume",
         "test",

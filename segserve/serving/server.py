@@ -360,7 +360,7 @@ class TorchServe:
             time.sleep(0.5)
         raise RuntimeFailure(f"workers of {model} are not READY after {timeout_s:.0f}s:\n{self.log_tail()}")
 
-    def _expect_ok(self, response: Response, what: str, since: int = 0) -> Response:
+    def _expect_ok(self, response: Response, what: str, since: int | None = None) -> Response:
         """The response, or a failure whose first line has TorchServe's reason (a caller may keep only that line):
         its answer's message, and the last Python error its workers logged after byte `since` of their log (a
         handler that fails to import)."""
@@ -371,7 +371,8 @@ class TorchServe:
             except (ValueError, AttributeError):
                 message = text
             reason = f"{what} failed: HTTP {response.status}: {' '.join(str(message).split())[:300]}"
-            worker_error = self.worker_error(since)
+            # a registration (`since` given): its workers' Python error, which may reach the log a moment later
+            worker_error = self.worker_error(since, wait_s=5.0) if since is not None else self.worker_error()
             if worker_error:
                 reason += f"; the worker logged: {worker_error}"
             raise RuntimeFailure(f"{reason}\n{self.log_tail(20)}")
@@ -381,14 +382,20 @@ class TorchServe:
         path = self.run_dir / "logs" / "model_log.log"
         return path.stat().st_size if path.exists() else 0
 
-    def worker_error(self, since: int = 0) -> str | None:
+    def worker_error(self, since: int = 0, wait_s: float = 0.0) -> str | None:
         """The last Python exception line (`ModuleNotFoundError: No module named 'captum'`) in the workers' log
-        after byte `since` (a rotated log: its whole current file)."""
+        after byte `since` (a rotated log: its whole current file). The frontend answers a failed registration
+        before its log writer has written the worker's last lines (seen on a busy machine): looked for again
+        until `wait_s` has passed."""
         path = self.run_dir / "logs" / "model_log.log"
-        data = path.read_bytes() if path.exists() else b""
-        lines = data[since if since <= len(data) else 0 :].decode(errors="replace").splitlines()[-400:]
-        found = [m.group(1) for m in map(PYTHON_ERROR.search, lines) if m]
-        return found[-1][:300] if found else None
+        deadline = time.monotonic() + wait_s
+        while True:
+            data = path.read_bytes() if path.exists() else b""
+            lines = data[since if since <= len(data) else 0 :].decode(errors="replace").splitlines()[-400:]
+            found = [m.group(1) for m in map(PYTHON_ERROR.search, lines) if m]
+            if found or time.monotonic() >= deadline:
+                return found[-1][:300] if found else None
+            time.sleep(0.2)
 
 
 def _sizes(logs: Path) -> dict[Path, int]:

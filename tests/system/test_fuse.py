@@ -203,3 +203,29 @@ def test_a_node_whose_handler_needs_a_missing_package_fails_the_fused_model_with
         served.register_model("fused_captum.mar", "fused_captum", workers=1)
     assert "node classifier failed to load: ModuleNotFoundError: No module named 'captum'" in str(failed.value)
     served.unregister("models", "fused_captum")
+
+
+def test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_plans(served, model_store, tmp_path, monkeypatch):
+    """`segserve fuse` of seg_jpeg.war (segserve's own handlers, the class map crossing as bytes): the same JPEG bytes
+    as /wfpredict/seg_jpeg; and benchmarks/fuse_vs_handmade.yaml plans from a folder holding what the fuse wrote."""
+    fused = tmp_path / "model_store" / "seg_jpeg_fusedby.mar"
+    assert main(["fuse", str(model_store / "seg_jpeg.war"), "--model-store", str(model_store), "--out", str(fused)]) == 0
+    for name in ("seg_jpeg.war", "seg.mar", "jpeg.mar"):
+        (served.model_store / name).write_bytes((model_store / name).read_bytes())
+    (served.model_store / fused.name).write_bytes(fused.read_bytes())
+    served.register_workflow("seg_jpeg.war", "seg_jpeg")
+    served.register_model(fused.name, "seg_jpeg_fusedby", workers=1)
+    token, url = served.token("inference"), served.url("inference")
+    for image in sorted((ROOT / "samples").glob("*.jpg")):  # one at a time: a batch of one in both
+        body = image.read_bytes()
+        workflow = request(url, "POST", "/wfpredict/seg_jpeg", token, body, timeout_s=60)
+        one = request(url, "POST", "/predictions/seg_jpeg_fusedby", token, body, timeout_s=60)
+        assert (one.status, workflow.status) == (200, 200) and one.body == workflow.body and one.body[:2] == b"\xff\xd8", image
+    served.unregister("workflows", "seg_jpeg")
+    served.unregister("models", "seg_jpeg_fusedby")
+    # the suite, run from the project (its catalog targets), with the fused archive where this test wrote it
+    suite = tmp_path / "fuse_vs_handmade.yaml"
+    text = (ROOT / "benchmarks" / "fuse_vs_handmade.yaml").read_text()
+    suite.write_text(text.replace("archive: model_store/seg_jpeg_fusedby.mar", f"archive: {fused}"))
+    monkeypatch.chdir(ROOT)
+    assert main(["bench", str(suite), "--dry-run"]) == 0

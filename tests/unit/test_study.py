@@ -62,6 +62,23 @@ def test_a_point_claimed_by_another_search_is_left_to_it(tmp_path):
     assert sorted(r["run_id"] for r in study.study_records(a.study)) == sorted([first.run_id, *proposed])
 
 
+def test_two_searches_that_each_took_the_last_slot_keep_only_the_earlier_claim(tmp_path):
+    """b looked at the study while the budget had room, then a asked and claimed the last slot before b claimed
+    another point: b leaves its point (5 points of a budget of 4 were measured by two bench processes so)."""
+    storage = study.open_storage(str(tmp_path / "study.log"), None)
+    points = space()[:4]
+    a, b = shared(storage, 0, points, limit=1), shared(storage, 1, points, limit=1)
+    first = a.ask()
+    other = next(p for p in points if p.run_id != first.run_id)
+    b.study.enqueue_trial(b.space.trial_params(other))  # b's trial is asked after a's: later in the study's order
+    trial = b.ask_trial()
+    b.waiting[other.run_id] = [trial]
+    assert b.claim({other.run_id: other}) == []
+    assert b.ask() is None  # and the budget is spent for it
+    a.tell(first, record(first))
+    assert [r["run_id"] for r in study.study_records(a.study)] == [first.run_id]
+
+
 def test_the_pruner_stops_a_point_below_the_median_of_the_finished_ones():
     search = make_strategy("optuna", space(), Budget(points=30), seed=0, sampler="tpe")
     for rate in (100.0, 90.0, 80.0, 70.0, 60.0):
