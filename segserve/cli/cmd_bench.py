@@ -77,7 +77,12 @@ def add_parser(sub, common) -> None:
 
     q = actions.add_parser("ab", parents=[where, weights, effect], help="two versions of the project, measured in turn on a suite's points")
     q.add_argument("suite", metavar="SUITE.yaml", help="a suite file")
-    q.add_argument("--a", required=True, help="the version to compare against: a git ref or a project folder")
+    q.add_argument(
+        "--a",
+        required=True,
+        help="the version to compare against: a git ref or a project folder (refs name segserve's checkout when run from "
+        "a folder of your archives)",
+    )
     q.add_argument("--b", required=True, help="the version under test: a git ref or a project folder (`.`: this working tree)")
     q.add_argument("--rounds", type=int, default=3, help="A/B measurements of each point, interleaved (default 3)")
     q.add_argument("--b-env", action="append", default=[], metavar="NAME=VALUE", help="environment of B's server (repeatable)")
