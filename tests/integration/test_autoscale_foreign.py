@@ -4,7 +4,6 @@ sleeping, registered on a real TorchServe as the user built them. The autoscaler
 the node that holds the requests: the sleep makes the imbalance deterministic, so nothing here asserts a timing."""
 
 import json
-import textwrap
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +15,7 @@ from segserve.bench.run.profiler import Background
 from segserve.cli import main
 from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
-from tests.system.test_foreign_archives import BIN, model_archive, run
+from tests.system.test_foreign_archives import model_archive, workflow_archive
 
 FAST, SLOW = "flow__fast", "flow__slow"
 
@@ -46,10 +45,10 @@ def flow(tmp_path_factory):
     store = tmp_path_factory.mktemp("user_store")
     model_archive(store, "fast", PASS_ON)
     model_archive(store, "slow", SLEEPS)
-    spec = store / "flow.yaml"
-    spec.write_text(
-        textwrap.dedent(
-            """
+    workflow_archive(
+        store,
+        "flow",
+        """
             models:
               batch-size: 1
               timeout-ms: 2000  # a dropped answer (TorchServe 0.12, docs/serving.md) asked again soon, not after the default
@@ -58,12 +57,8 @@ def flow(tmp_path_factory):
               slow: {url: slow.mar, min-workers: 1, max-workers: 2}
             dag:
               fast: [slow]
-            """
-        )
+            """,
     )
-    (store / "flow_functions.py").write_text("")
-    workflow = [str(BIN / "torch-workflow-archiver"), "--workflow-name", "flow", "--spec-file", str(spec)]
-    run([*workflow, "--handler", str(store / "flow_functions.py"), "--export-path", str(store), "--force"])
     server = TorchServe(
         run_dir=tmp_path_factory.mktemp("ts_user"), model_store=store, config_template=ROOT / "config.properties", free_ports=True
     )

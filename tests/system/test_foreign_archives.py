@@ -97,10 +97,10 @@ def user_archives(tmp_path_factory) -> Path:
     model_archive(folder, "tiny", TINY_HANDLER, folder / "tiny.pt")
     model_archive(folder, "encode", JPEG_HANDLER)
     model_archive(folder, "pair", TWO_INPUT_HANDLER)
-    spec = folder / "pipeline.yaml"
-    spec.write_text(
-        textwrap.dedent(
-            """
+    workflow_archive(
+        folder,
+        "pipeline",
+        """
             models:
               min-workers: 1
               max-workers: 1
@@ -113,12 +113,8 @@ def user_archives(tmp_path_factory) -> Path:
               encode: {url: encode.mar}
             dag:
               tiny: [encode]
-            """
-        )
+            """,
     )
-    (folder / "pipeline_functions.py").write_text("")
-    workflow = [str(BIN / "torch-workflow-archiver"), "--workflow-name", "pipeline", "--spec-file", str(spec)]
-    run([*workflow, "--handler", str(folder / "pipeline_functions.py"), "--export-path", str(folder), "--force"])
     (folder / "not_a_zip.mar").write_bytes(b"this is not an archive")
     # TorchServe's own default handler on a TorchScript model: 0.12's vision handlers import captum, which it does not
     # install; its worker cannot start (DESIGN.md, "What users bring")
@@ -126,6 +122,15 @@ def user_archives(tmp_path_factory) -> Path:
     run([*model, "--serialized-file", str(folder / "tiny.pt"), "--export-path", str(folder), "--force"])
     (folder / "mask.bin").write_bytes(bytes([1, 0, 1, 1, 1]))
     return folder
+
+
+def workflow_archive(folder: Path, name: str, spec: str, functions: str = "") -> Path:
+    """<name>.war from a spec (dedented) and a functions file, with torch-workflow-archiver, into `folder`."""
+    (folder / f"{name}.yaml").write_text(textwrap.dedent(spec))
+    (folder / f"{name}_functions.py").write_text(functions)
+    command = [str(BIN / "torch-workflow-archiver"), "--workflow-name", name, "--spec-file", str(folder / f"{name}.yaml")]
+    run([*command, "--handler", str(folder / f"{name}_functions.py"), "--export-path", str(folder), "--force"])
+    return folder / f"{name}.war"
 
 
 def digests(folder: Path) -> dict[str, str]:

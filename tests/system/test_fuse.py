@@ -6,7 +6,6 @@ node answer the same bytes; a row that fails is answered alone; a node answering
 import struct
 import subprocess
 import sys
-import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from segserve.cli import main
 from segserve.serving.http import request
 from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
+from tests.system.test_foreign_archives import workflow_archive
 
 BIN = Path(sys.executable).parent
 
@@ -103,13 +103,6 @@ def model_archive(folder: Path, name: str, files: dict[str, str], handler: str, 
     extra = [str(source / f) for f in files if f != handler]
     command += ["--extra-files", ",".join(extra)] if extra else []
     run([*command, *(["--serialized-file", str(serialized)] if serialized else [])])
-
-
-def workflow_archive(folder: Path, name: str, spec: str, functions: str = "") -> None:
-    (folder / f"{name}.yaml").write_text(textwrap.dedent(spec))
-    (folder / f"{name}_functions.py").write_text(functions)
-    command = [str(BIN / "torch-workflow-archiver"), "--workflow-name", name, "--spec-file", str(folder / f"{name}.yaml")]
-    run([*command, "--handler", str(folder / f"{name}_functions.py"), "--export-path", str(folder)])
 
 
 def user_store(folder: Path) -> None:
