@@ -105,8 +105,9 @@ def run_ab(
     config = users_config(Path.cwd(), root)
     if rounds < 1:
         raise UsageError(f"--rounds must be ≥ 1 (got {rounds})")
-    if suite.http_targets:
-        raise UsageError(f"bench ab deploys both versions itself: http targets ({', '.join(suite.http_targets)}) cannot be compared")
+    if suite.outside_targets:
+        names = ", ".join(suite.outside_targets)
+        raise UsageError(f"bench ab deploys both versions itself: http and command targets ({names}) cannot be compared")
     work = Path(tempfile.mkdtemp(prefix="segserve-ab-"))
     sides, worktrees = {}, []
     try:

@@ -125,7 +125,7 @@ def stop(run_dir: Path, timeout_s: float, ports: tuple[int, ...] = ()) -> str:
             pass
     if processes:
         pids = ", ".join(str(p.pid) for p in processes)
-        raise RuntimeFailure(f"TorchServe from {run_dir} outlived SIGKILL: pid(s) {pids}")
+        raise RuntimeFailure(f"the server started for {run_dir} outlived SIGKILL: pid(s) {pids}")
     return stopped
 
 
@@ -183,7 +183,7 @@ def describe_pid(pid: int) -> str:
     except psutil.Error:
         return f"pid {pid}"
     command = command if len(command) <= 80 else command[:77] + "..."
-    return f"pid {pid} ({command}" + (f"; TorchServe from {owner})" if owner else ")")
+    return f"pid {pid} ({command}" + (f"; started for {owner})" if owner else ")")
 
 
 # Output capture ---------------------------------------------------------------------

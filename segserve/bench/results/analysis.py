@@ -29,6 +29,7 @@ class Analysis:
     infeasible: int = 0  # measured points that break a constraint (or failed)
     phases: list[dict] = field(default_factory=list)  # load.phases: every point per phase and overall
     autoscaler_vs_static: list[dict] = field(default_factory=list)  # each phase: the autoscaler against the best static split
+    side_by_side: list[dict] = field(default_factory=list)  # peer servers (command targets) beside segserve's best
 
 
 def analyse(
@@ -47,7 +48,43 @@ def analyse(
         sum(not satisfies(r, constraints) for r in records),
         phase_table(records),
         autoscaler_vs_static(records),
+        side_by_side(winners),
     )
+
+
+def side_by_side(winners: dict[str, dict | None]) -> list[dict]:
+    """With command targets (peer servers) in the run: every target's best point, its throughput's interval, p50,
+    p99, its server's CPU and RSS, and its throughput ÷ segserve's best target's (median of windows over median of
+    windows, printed as a number only within ±15%); nothing without command targets."""
+    measured = {name: w for name, w in winners.items() if w is not None}
+    if not any(w.get("target_kind") == "command" for w in measured.values()):
+        return []
+    ours = [w for w in measured.values() if not w.get("target_kind")]
+    reference = max(ours, key=lambda w: w["throughput_rps"], default=None)
+    rows = []
+    for name, winner in sorted(measured.items(), key=lambda item: -item[1]["throughput_rps"]):
+        windows = winner.get("measured_window_throughputs_rps") or []
+        low, high = winner.get("throughput_ci_low_rps"), winner.get("throughput_ci_high_rps")
+        if low is None:
+            low, high = bootstrap_interval([windows], np.median) or (None, None)
+        row = {
+            "target": name,
+            "server": winner.get("target_kind") or "segserve",
+            "run_id": winner.get("run_id"),
+            "throughput_rps": winner["throughput_rps"],
+            "interval_rps": f"{low:.1f}–{high:.1f}" if low is not None else None,
+            "p50_ms": winner.get("latency_p50_ms"),
+            "p99_ms": winner.get("latency_p99_ms"),
+            "cpu_pct": winner.get("server_cpu_pct"),
+            "rss_mb": winner.get("server_rss_mb"),
+            "vs_segserve_best": None,
+        }
+        if reference is not None:
+            value, interval = ratio_of_medians(windows, reference.get("measured_window_throughputs_rps") or [])
+            doubt = uncertainty(value, interval)
+            row["vs_segserve_best"] = doubt or (round(value, 2) if value is not None else None)
+        rows.append(row)
+    return rows
 
 
 def split_label(record: dict) -> str:

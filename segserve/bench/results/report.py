@@ -133,6 +133,14 @@ def write_report(
         "slices, with their range). What TorchServe, decoding and batching cost on top of the compute.",
     )
     md += _table_section(
+        "## Side by side: peer servers and segserve",
+        analysis.side_by_side,
+        "Each target's best point under the constraints, best first: throughput with its 95% interval (of the rounds' "
+        "median with --rounds, else of the windows' median), p50 and p99, CPU (% of one core) and RSS of the server's "
+        "processes (a command target's: every process it started), and throughput ÷ the best of segserve's own "
+        "targets as the ratio of their windows' medians, printed as a number only when its interval is within ±15%.",
+    )
+    md += _table_section(
         "## Pipeline efficiency",
         analysis.efficiency,
         "Each rate is the best point of its target under the constraints; `members` are the DAG's node models, each "

@@ -1,6 +1,7 @@
 """Put a point in place on a TorchServe of the bench's own, changing as little as possible: restart only for
 server values, build and re-register only for archive values, scale live for workers. http targets are
-not ours: for them the server is stopped (it would share the machine) and nothing is deployed.
+not ours: for them the server is stopped (it would share the machine) and nothing is deployed. A command
+target's command is started (TorchServe stopped) and started again when its own values change.
 """
 
 import hashlib
@@ -17,8 +18,9 @@ from urllib.parse import urlsplit
 from handlers.optimize import IPEX_HINT
 from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
+from segserve.bench.run.command import V2_HEADER_BYTES, CommandServer
 from segserve.bench.run.inputs import Body
-from segserve.bench.run.measure import Endpoint
+from segserve.bench.run.measure import Endpoint, process_groups
 from segserve.bench.suite.params import at_level
 from segserve.bench.suite.plan import Point, settings_for, spec_entry
 from segserve.bench.suite.spec import Suite
@@ -51,6 +53,8 @@ class Deployment:
         self.recipe = Recipe(catalog, weights, self.store, self.staging, log=lambda _: None)
         self.server: TorchServe | None = None
         self.server_key = self.registered_key = None
+        self.command: CommandServer | None = None  # a command target's running server
+        self.command_key = None
         self.current_workers: dict[str, int] = {}
         self.fresh_workers = False  # the last deploy started workers (registered or scaled)
         self.load_s: float | None = None  # the last deploy's registration: until every worker was ready (loaded, compiled)
@@ -61,7 +65,7 @@ class Deployment:
         self.fresh_workers, self.load_s = False, None
         http = self.suite.http_targets.get(point.target)
         if http is not None:
-            self.stop_server()
+            self.stop_servers()
             parts = urlsplit(http.url)
             try:  # a point of an endpoint that does not answer fails with the reason; the suite goes on
                 socket.create_connection((parts.hostname, parts.port or 80), timeout=5).close()
@@ -69,12 +73,50 @@ class Deployment:
                 raise RuntimeFailure(f"{http.url} does not answer ({error.strerror or error})") from None
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             return Endpoint(f"{parts.scheme}://{parts.netloc}", path, None, http.headers, None, ())
+        if point.target in self.suite.command_targets:
+            return self.ensure_command(point)
+        self.stop_command()
         target = self.catalog.targets[point.target]
         self.ensure_server(point)
         self.ensure_registered(point, target)
         self.ensure_workers(point, target)
         server = self.server
         return Endpoint(server.url("inference"), target.endpoint, server.token("inference"), {}, server.url("metrics"), target.models)
+
+    # A command target ---------------------------------------------------------------
+    def ensure_command(self, point: Point) -> Endpoint:
+        """The point's command running and healthy (started again when its own values changed), TorchServe stopped."""
+        spec = self.suite.command_targets[point.target]
+        if self.command is None or self.command_key != (point.target, point.server):
+            self.stop_server()
+            self.stop_command()
+            values = dict(point.server)
+            self.command = CommandServer(spec.name, lambda port: spec.argv(port, values), spec.env, spec.health, self.log)
+            self.command_key = (point.target, point.server)
+            started = time.monotonic()
+            try:
+                self.command.start(spec.start_timeout_s)
+            except RuntimeFailure:
+                self.stop_command()
+                raise
+            self.fresh_workers, self.load_s = True, round(time.monotonic() - started, 2)
+            self.changes["restarts"] += 1
+        headers = {"Inference-Header-Content-Length": str(V2_HEADER_BYTES)} if spec.protocol == "kserve-v2-binary" else {}
+        return Endpoint(self.command.url, spec.path, None, headers, None, ())
+
+    def stop_command(self) -> None:
+        if self.command is not None:
+            self.command.close()
+        self.command = self.command_key = None
+
+    def watched_processes(self, endpoint: Endpoint) -> dict[str, list[int]] | None:
+        """The deployed point's processes by role, for their CPU and RSS: TorchServe's frontend and workers, or a
+        command target's processes as one group; None for an http target (not ours to watch)."""
+        if endpoint.metrics_url and self.server is not None:
+            return process_groups(self.server, endpoint.models)
+        if self.command is not None and endpoint.url == self.command.url:
+            return {"server": self.command.pids()}
+        return None
 
     # Server ------------------------------------------------------------------------
     def ensure_server(self, point: Point) -> None:
@@ -109,8 +151,13 @@ class Deployment:
             shutil.rmtree(self.server.run_dir, ignore_errors=True)
         self.server = self.server_key = self.registered_key = None
 
-    def close(self) -> None:
+    def stop_servers(self) -> None:
+        """TorchServe and a command target's server: the next point starts clean."""
         self.stop_server()
+        self.stop_command()
+
+    def close(self) -> None:
+        self.stop_servers()
         shutil.rmtree(self.store, ignore_errors=True)
         shutil.rmtree(self.staging, ignore_errors=True)
 

@@ -15,7 +15,7 @@ from segserve.autoscale.rules import Policy
 from segserve.bench.results.analysis import bare_ratio_reasons
 from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, uncertainty
 from segserve.bench.run.deploy import Deployment
-from segserve.bench.run.measure import bare_shape, measure, measure_phases, process_groups, run_accuracy, run_bare
+from segserve.bench.run.measure import bare_shape, measure, measure_phases, run_accuracy, run_bare
 from segserve.bench.search import Strategy
 from segserve.bench.suite.plan import Point, settings_for
 from segserve.errors import RuntimeFailure
@@ -91,8 +91,7 @@ class Runner:
             endpoint = self.deployment.deploy(point)
             reconfigure_s = time.monotonic() - started
             accuracy = self.accuracy(point)
-            server = self.deployment.server if endpoint.metrics_url else None
-            groups = process_groups(server, endpoint.models) if server else None
+            groups = self.deployment.watched_processes(endpoint)
             # the bare forward in short slices before and after the point: the same spell of the shared machine
             slices += self.bare_slices(point, node)
             metrics = self.measure_load(point, endpoint, groups)
@@ -100,12 +99,12 @@ class Runner:
             if not metrics["requests_ok"]:  # kept with its counts, but 0 req/s would read as a slow point
                 error = no_request_completed(metrics)
                 metrics["throughput_rps"] = None
-                self.deployment.stop_server()  # a wedged worker: start clean for the next point
+                self.deployment.stop_servers()  # a wedged worker: start clean for the next point
         except Exception as failure:  # one failed point must not lose the others (an optimisation that fails too)
             reconfigure_s = time.monotonic() - started if reconfigure_s is None else reconfigure_s
             accuracy = {}
             error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
-            self.deployment.stop_server()  # start clean for the next point
+            self.deployment.stop_servers()  # start clean for the next point
         record = record_for(point, reconfigure_s, metrics, error, self.weights_node(point.target, alone=False))
         record.update({"load_s": self.deployment.load_s, **accuracy})
         record.update(validity(record))

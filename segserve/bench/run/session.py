@@ -16,8 +16,9 @@ from segserve.archives.remote import masked_text
 from segserve.bench.results.analysis import Pipeline, analyse
 from segserve.bench.results.sinks import Best, Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs
+from segserve.bench.run.command import package_versions, v2_binary_body
 from segserve.bench.run.deploy import Deployment
-from segserve.bench.run.inputs import class_maps, request_bodies
+from segserve.bench.run.inputs import Body, class_maps, request_bodies
 from segserve.bench.run.runner import Runner, bare_throughputs
 from segserve.bench.search import budget_points, candidates, make_strategy, study
 from segserve.bench.suite import plan as planning
@@ -115,6 +116,10 @@ class Setup:
         archive = self.suite.archive_targets.get(name)
         if archive is not None and archive.inputs:  # a user's archive: what it is sent, its own (phases too)
             return request_bodies(archive.inputs)
+        command = self.suite.command_targets.get(name)
+        if command is not None and command.protocol == "kserve-v2-binary":  # the images inside v2 requests
+            wrapped = [v2_binary_body(body, command.v2_input, command.v2_output) for body in self.images(phase)]
+            return [Body(body, "application/octet-stream") for body in wrapped]
         target = self.catalog.targets.get(name)
         if target is None or archive is not None or target.takes == "image":
             return list(self.images(phase))
@@ -148,6 +153,10 @@ class Setup:
         http = suite.http_targets.get(name)
         if http is not None:
             return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
+        command = suite.command_targets.get(name)
+        if command is not None:  # how it is started and spoken to (its own values are the point's parameters)
+            recipe = command.model_dump(include={"command", "path", "health", "protocol", "v2_input", "v2_output", "env"})
+            return {**parts, "recipe": _digest(recipe)}
         server = [path.read_bytes() for path in (self.catalog.config_template, Path(suite.core_plan or "")) if path.is_file()]
         foreign = self.catalog.foreign.get(name)
         if foreign is not None:  # the user's archive and its node archives, as they are now
@@ -239,6 +248,15 @@ def describe_search(suite: Suite, catalog: Catalog, points: list[planning.Point]
     return f"search: {search.strategy} (seed {search.seed}) over {space} candidate points{aside}; budget {allowed}"
 
 
+def command_versions(spec, log) -> dict:
+    """A command target's package versions, or {"error": why} (its points still run: they fail on their own)."""
+    try:
+        return package_versions(spec.command[0], spec.packages)
+    except RuntimeFailure as failure:
+        log(f"{spec.name}: {failure}")
+        return {"error": str(failure)}
+
+
 def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.Point]:
     """The points with the run ids a run will give them (--dry-run)."""
     return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
@@ -321,8 +339,15 @@ def run_suite(
     warn_about_machine(points, runner, kept, env_info, log)
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
 
+    versions = {name: command_versions(spec, log) for name, spec in suite.command_targets.items()}
+
     def base(point) -> dict:
-        return {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by}
+        record = {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by}
+        if point.target in suite.http_targets:
+            record["target_kind"] = "http"
+        if point.target in versions:  # a peer server: its own packages, as its interpreter sees them
+            record |= {"target_kind": "command", "server_versions": versions[point.target]}
+        return record
 
     records = runner.run_rounds(rounds, base) if rounds > 1 else runner.run(done, base)
     bare = bare_throughputs(records, weights, runner.weights_node, log, suite.load)

@@ -108,18 +108,24 @@ def runtime_axis(suite: Suite, target: Target) -> list[Params]:
 def expand(suite: Suite, catalog: Catalog, setups: dict[str, str] | None = None) -> list[Point]:
     """Every point of the suite in the grid's order; `setups`: target → its setup digest."""
     grid, setups = suite.grid, setups or {}
-    order = [*catalog.targets, *suite.http_targets]
+    order = [*catalog.targets, *suite.outside_targets]
     load_axis = _axis(grid.load.model_dump())
     points = []
     for name in sorted(suite.target_names, key=order.index):
-        if name in suite.http_targets:  # measured as it is: load parameters only, no server of ours
-            points += [Point(name, (), (), (), load, setups.get(name, "")) for load in load_axis]
+        if name in suite.outside_targets:  # no server of ours: load parameters, and a command's own knobs
+            command = suite.command_targets.get(name)
+            own = _axis(command.params) if command else [()]
+            points += [Point(name, knobs, (), (), load, setups.get(name, "")) for knobs in own for load in load_axis]
             continue
         target = catalog.targets[name]
         axes = (_axis(grid.server.model_dump()), _axis(archive_values(suite, target)), runtime_axis(suite, target), load_axis)
         points += [Point(name, *combo, setups.get(name, "")) for combo in itertools.product(*axes)]
-    # Cheapest order: server settings outermost, then target, archive, runtime, load.
-    return sorted(points, key=lambda p: (repr(p.server), order.index(p.target), repr(p.archive), repr(p.runtime), repr(p.load)))
+    # Cheapest order: server settings outermost, then target, archive, runtime, load; commands after TorchServe's.
+    commands = suite.command_targets
+    return sorted(
+        points,
+        key=lambda p: (p.target in commands, repr(p.server), order.index(p.target), repr(p.archive), repr(p.runtime), repr(p.load)),
+    )
 
 
 def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, dict[str, dict]]:
@@ -181,7 +187,9 @@ def cost(suite: Suite, points: list[Point]) -> PlanCost:
     for point in points:
         if point.target in suite.http_targets:
             pass  # nothing of ours to start
-        elif previous is None or previous.target in suite.http_targets or point.server != previous.server:
+        elif point.target in suite.command_targets:  # a command started again for each of its own settings
+            restarts += previous is None or (previous.target, previous.server) != (point.target, point.server)
+        elif previous is None or previous.target in suite.outside_targets or point.server != previous.server:
             restarts += 1
             registrations += 1
         elif (point.target, point.archive) != (previous.target, previous.archive):

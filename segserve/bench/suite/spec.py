@@ -228,6 +228,64 @@ class HttpTarget(Strict):
         return url
 
 
+PEER_PROTOCOLS = ("plain", "kserve-v2-binary")
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+class CommandTarget(Strict):
+    """A server segserve does not deploy but starts: for each point its command runs in a process group of its own,
+    is measured once its health path answers 200, and is stopped by its group (a peer server: benchmarks/peers/)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z][\w-]*$")]
+    """The target's name in the results"""
+    command: Annotated[list[str], Field(min_length=1)]
+    """The command, run from the working directory; `{port}` is a free loopback port, `{<param>}` a value of params"""
+    path: str = "/predict"
+    """Where requests are POSTed"""
+    health: str = "/health"
+    """Answers GET with 200 once the server is ready"""
+    params: dict[Annotated[str, Field(pattern=r"^[a-z]\w*$")], Annotated[list[str | int | float | bool], Field(min_length=1)]] = {}
+    """The server's own knobs, as it names them: every combination is a point, and a change starts the command again"""
+    protocol: Literal["plain", "kserve-v2-binary"] = "plain"
+    """plain: the input is the body; kserve-v2-binary: a KServe v2 / Triton request with the input as one BYTES
+    element of tensor `v2_input` in the binary extension (the JSON header padded to a fixed length)"""
+    v2_input: str = "image"
+    """kserve-v2-binary: the input tensor's name"""
+    v2_output: str = "jpeg"
+    """kserve-v2-binary: the output tensor's name"""
+    env: dict[str, str] = {}
+    """Added to the command's environment"""
+    packages: list[str] = []
+    """Python packages whose versions go into every record, read by the command's interpreter (command[0])"""
+    start_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    """How long the health path may take to answer 200"""
+
+    @field_validator("path", "health")
+    @classmethod
+    def absolute_path(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"{path!r}: a path starts with '/'")
+        return path
+
+    @model_validator(mode="after")
+    def placeholders_known(self) -> "CommandTarget":
+        taken = [name for name in self.params if name in PARAMS or name == "port"]
+        if taken:
+            raise ValueError(f"params: {', '.join(taken)} is a segserve name: use the server's own name for its knob")
+        known = {"port", *self.params}
+        unknown_names = [name for part in self.command for name in PLACEHOLDER.findall(part) if name not in known]
+        if unknown_names:
+            raise ValueError(f"command: {{{unknown_names[0]}}} is neither {{port}} nor one of params ({', '.join(self.params) or 'none'})")
+        if not any("{port}" in part for part in self.command):
+            raise ValueError("command: give the server its port as {port}")
+        return self
+
+    def argv(self, port: int, values: dict) -> list[str]:
+        """The command with {port} and the point's values in place."""
+        given = {"port": port, **values}
+        return [PLACEHOLDER.sub(lambda m: str(given[m.group(1)]), part) for part in self.command]
+
+
 def _loopback_address(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -273,16 +331,21 @@ def _archive_suffix(archive: str) -> str:
 
 def _target_kind(value) -> str:
     """Which kind of target a `targets:` entry is, so that a wrong one gets only that kind's errors."""
-    if isinstance(value, HttpTarget | ArchiveTarget):
+    if isinstance(value, HttpTarget | ArchiveTarget | CommandTarget):
         return type(value).__name__
     if isinstance(value, dict):
-        return "ArchiveTarget" if "archive" in value else "HttpTarget"
+        return "ArchiveTarget" if "archive" in value else "CommandTarget" if "command" in value else "HttpTarget"
     return "str"
 
 
-TARGET_KINDS = ("str", "HttpTarget", "ArchiveTarget")
+TARGET_KINDS = ("str", "HttpTarget", "ArchiveTarget", "CommandTarget")
 TargetEntry = Annotated[
-    Union[Annotated[str, Tag("str")], Annotated[HttpTarget, Tag("HttpTarget")], Annotated[ArchiveTarget, Tag("ArchiveTarget")]],  # noqa: UP007 (tags)
+    Union[  # noqa: UP007 (tags)
+        Annotated[str, Tag("str")],
+        Annotated[HttpTarget, Tag("HttpTarget")],
+        Annotated[ArchiveTarget, Tag("ArchiveTarget")],
+        Annotated[CommandTarget, Tag("CommandTarget")],
+    ],
     Discriminator(_target_kind),
 ]
 
@@ -422,7 +485,8 @@ class Suite(Strict):
     name: str | None = None
     """The result folder's name (results/<name>/<UTC time>); none: the file's name"""
     targets: Annotated[list[TargetEntry], Field(min_length=1)]
-    """Catalog targets (seg, jpeg, seg_jpeg, seg_jpeg_fused, …), http targets and archive targets (a user's .mar/.war)"""
+    """Catalog targets (seg, jpeg, seg_jpeg, seg_jpeg_fused, …), http targets, archive targets (a user's .mar/.war)
+    and command targets (a server the suite starts)"""
     inputs: Annotated[list[InputSpec], Field(min_length=1)]
     """What the clients send, round-robin (targets that take class maps get the seg handler's answers to them)"""
     grid: Grid = Grid()
@@ -493,6 +557,15 @@ class Suite(Strict):
     def archive_targets(self) -> dict[str, ArchiveTarget]:
         return {t.name: t for t in self.targets if isinstance(t, ArchiveTarget)}
 
+    @property
+    def command_targets(self) -> dict[str, CommandTarget]:
+        return {t.name: t for t in self.targets if isinstance(t, CommandTarget)}
+
+    @property
+    def outside_targets(self) -> dict[str, HttpTarget | CommandTarget]:
+        """Targets served by no TorchServe of ours: only load parameters (and a command's own params) apply."""
+        return {**self.http_targets, **self.command_targets}
+
 
 def _check_metric(tag: str) -> str:
     if tag not in METRICS:
@@ -522,7 +595,10 @@ def format_errors(path: Path, error: ValidationError) -> list[str]:
         loc = tuple(part for index, part in enumerate(item["loc"]) if not (index == 2 and part in TARGET_KINDS))  # union tags
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         if item["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(loc[-1]), _allowed_keys(Suite, loc), n=1)
+            tag = item["loc"][2] if len(item["loc"]) > 3 and item["loc"][0] == "targets" else None
+            kind = {"HttpTarget": HttpTarget, "ArchiveTarget": ArchiveTarget, "CommandTarget": CommandTarget}.get(tag)
+            allowed = list(kind.model_fields) if kind and len(loc) == 3 else _allowed_keys(Suite, loc)  # a target's own key
+            close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
             hint = f" — did you mean {close[0]!r}?" if close else ""
             lines.append(f"{path}: {dotted}: unknown key{hint}")
             continue
@@ -597,9 +673,10 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
     """Target, node and parameter names the catalog does not know; parameters an http target cannot take."""
     problems = []
     deployed = [t for t in suite.targets if isinstance(t, str)] + list(suite.archive_targets)
-    for name in suite.http_targets:
+    for name in suite.outside_targets:
         if name in catalog.targets:
-            problems.append(f"targets: {name!r} is a catalog target: give the http target another name")
+            kind = "http" if name in suite.http_targets else "command"
+            problems.append(f"targets: {name!r} is a catalog target: give the {kind} target another name")
     known = [catalog.targets[n] for n in deployed if n in catalog.targets]
     nodes = list(dict.fromkeys(node.name for t in known for node in t.nodes if t.kind != "model"))
     for node, given in suite.grid.archive.nodes.items():
@@ -621,7 +698,7 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
     for key in suite.grid.runtime.model_extra or {}:
         if key.removesuffix("_workers") not in scaled:
             problems.append(f"grid.runtime.{key}: {unknown('node', key.removesuffix('_workers'), scaled)} (key: <node>_workers)")
-    if suite.http_targets:
+    if suite.http_targets:  # (a command target is a peer measured beside segserve's points, swept or not)
         grid = suite.grid
         swept = [
             name
