@@ -55,7 +55,7 @@ def test_every_combination_of_a_commands_own_params_is_a_point_after_torchserves
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ('{name: p, command: [python, app.py]}', "command: give the server its port as {port}"),
+        ("{name: p, command: [python, app.py]}", "command: give the server its port as {port}"),
         ('{name: p, command: [python, "--port={port}", "{batch}"]}', "command: {batch} is neither {port} nor one of params (none)"),
         ('{name: p, command: ["{port}"], params: {workers: [1, 2]}}', "params: workers is a segserve name"),
         ('{name: p, command: ["{port}"], health: ready}', "health: 'ready': a path starts with '/'"),
