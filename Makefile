@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean
+.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean setup-peers test-peers
 
 DEV_STAMP := $(VENV)/.installed-dev
 
@@ -137,6 +137,26 @@ gpu-check: setup-dev
 # runs every step here without CUDA (docs/gpu.md).
 gpu-bundle: build setup-dev
 	$(BIN)/python -m segserve.gpu.bundle build
+
+# The peer servers of benchmarks/peers/ (LitServe, Ray Serve, PyTriton), each in a venv of its own under .peers/ with
+# the versions pinned in benchmarks/peers/requirements-<peer>.txt. No second torch: a .pth file after the peer's own
+# site-packages lets it import the project venv's torch, torchvision and pillow (none of the three asks for torch).
+PEERS := litserve ray triton
+PEER_STAMPS := $(foreach peer,$(PEERS),.peers/$(peer)/.installed)
+setup-peers: $(PEER_STAMPS)
+
+.peers/%/.installed: benchmarks/peers/requirements-%.txt $(STAMP)
+	rm -rf .peers/$*
+	$(BIN)/python -m venv --without-pip .peers/$*
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+		$$(.peers/$*/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/segserve-venv.pth
+	$(BIN)/uv pip install --quiet --compile-bytecode --python .peers/$*/bin/python -r benchmarks/peers/requirements-$*.txt
+	.peers/$*/bin/python -c 'import torch, torchvision; print("$*: torch", torch.__version__, "from", torch.__file__)'
+	touch $@
+
+# The peer apps against segserve's own answers (tests/peers/, marked long: not in make test): about 2 minutes.
+test-peers: setup-dev setup-peers
+	$(BIN)/python -m pytest tests/peers -m peers -v
 
 clean:
 	rm -rf model_store out .segserve
