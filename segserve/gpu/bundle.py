@@ -147,7 +147,8 @@ def build_bundle(out: Path, log=print) -> int:
         log("payload.tar.xz: compressing")
         tar = subprocess.Popen(["tar", "-C", str(payload), "-cf", "-", "project", "wheels", "jre"], stdout=subprocess.PIPE)
         with open(out / "payload.tar.xz", "wb") as sink:
-            subprocess.run(["xz", "-T0", "-6"], stdin=tar.stdout, stdout=sink, check=True)
+            # -4: 54.4 MiB in 39 s on 2 cores; -6 saved 2.6 MiB for 34 s more (measured 2026-12-02, 209 MB tar)
+            subprocess.run(["xz", "-T0", "-4"], stdin=tar.stdout, stdout=sink, check=True)
         if tar.wait() != 0:
             raise RuntimeError("tar failed")
     shutil.copy2(ROOT / "segserve" / "gpu" / "run.sh", out / "run.sh")
