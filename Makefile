@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean setup-peers test-peers
+.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean setup-peers test-peers peers
 
 DEV_STAMP := $(VENV)/.installed-dev
 
@@ -157,6 +157,10 @@ setup-peers: $(PEER_STAMPS)
 # The peer apps against segserve's own answers (tests/peers/, marked long: not in make test): about 2 minutes.
 test-peers: setup-dev setup-peers
 	$(BIN)/python -m pytest tests/peers -m peers -v
+
+# segserve beside the peers, side by side in one run of alternating rounds (benchmarks/peers.yaml): about 15 minutes.
+peers: build setup-peers
+	$(BIN)/segserve bench benchmarks/peers.yaml --rounds 3
 
 clean:
 	rm -rf model_store out .segserve

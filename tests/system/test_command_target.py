@@ -44,6 +44,8 @@ def test_a_command_target_is_started_per_setting_measured_with_its_processes_and
                 protocol: kserve-v2-binary
               - name: broken
                 command: [{sys.executable}, {SERVER}, --port, "{{port}}", --mode, fail, --started-log, {started}]
+              - name: absent
+                command: [.no-such-venv/bin/python, app.py, --port, "{{port}}"]
               - name: orphaning
                 command: [{sys.executable}, {SERVER}, --port, "{{port}}", --mode, orphan, --started-log, {started}]
             inputs: [{{images: ["samples/shapes_0.jpg"]}}]
@@ -79,6 +81,8 @@ def test_a_command_target_is_started_per_setting_measured_with_its_processes_and
     (broken,) = by_target["broken"]
     assert broken["error"].startswith("RuntimeFailure: broken: its command exited with 1 before /health answered")
     assert broken["error"].endswith("its log ends: no model here: weights/missing.pt")
+    (absent,) = by_target["absent"]
+    assert absent["error"] == "RuntimeFailure: absent: cannot run .no-such-venv/bin/python (No such file or directory)"
     (orphaning,) = by_target["orphaning"]
     assert "its command exited with 3" in orphaning["error"]
     assert "left processes running after its command exited; stopped: pid " in orphaning["error"]

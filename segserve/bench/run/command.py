@@ -51,9 +51,13 @@ class CommandServer:
         exits or does not get healthy in time fails with its log's last lines, and what it left is stopped."""
         started = time.monotonic()
         with self.log_path.open("wb") as out:
-            self.process = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, start_new_session=True
-            )
+            try:
+                self.process = subprocess.Popen(
+                    self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env, start_new_session=True
+                )
+            except OSError as error:  # e.g. a peer's venv not made yet (make setup-peers)
+                release_ports([self.port])
+                raise RuntimeFailure(f"{self.name}: cannot run {self.argv[0]} ({error.strerror})") from None
         try:
             self._wait_healthy(started + timeout_s)
         except RuntimeFailure as failure:
