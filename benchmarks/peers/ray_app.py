@@ -14,6 +14,7 @@ SIGINT: serve.shutdown(), ray.shutdown(), then any process still in the driver's
 is killed by pid and the folder removed; exit status 0.
 """
 
+import asyncio
 import os
 import shutil
 import signal
@@ -66,7 +67,9 @@ def build_app(args):
 
         @serve.batch(**batching)
         async def convert(self, class_maps: list[bytes]) -> list[tuple[int, str, bytes]]:
-            return [http_answer(result) for result in self.handler.stages.run(class_maps)]
+            # in a thread: the replica's event loop keeps taking requests (the next batch fills) meanwhile
+            results = await asyncio.to_thread(self.handler.stages.run, class_maps)
+            return [http_answer(result) for result in results]
 
     @serve.deployment(**options)
     class Seg:
@@ -76,7 +79,7 @@ def build_app(args):
 
         @serve.batch(**batching)
         async def segment(self, bodies: list[bytes]) -> list:
-            return self.handler.stages.run(bodies)
+            return await asyncio.to_thread(self.handler.stages.run, bodies)
 
         async def __call__(self, request: Request) -> Response:
             path = request.url.path.rstrip("/")

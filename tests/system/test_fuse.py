@@ -9,6 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -222,3 +223,43 @@ def test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_
     suite.write_text(text.replace("archive: model_store/seg_jpeg_fusedby.mar", f"archive: {fused}"))
     monkeypatch.chdir(ROOT)
     assert main(["bench", str(suite), "--dry-run"]) == 0
+
+
+def bare_venv(folder: Path) -> Path:
+    """A venv with TorchServe and torch (this venv's site-packages, through a .pth) and nothing of segserve: the
+    editable install's own .pth files are not read from there, and the project folder is not on its path."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(folder / "bin" / "python"), "-c", probe], capture_output=True, text=True, check=True).stdout.strip())
+    ours = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    (site / "this-venvs-packages.pth").write_text(ours + "\n")
+    launcher = folder / "bin" / "torchserve"  # what pip writes for torchserve's console script
+    launcher.write_text(f"#!{folder / 'bin' / 'python'}\nimport sys\nfrom ts.model_server import start\nsys.exit(start())\n")
+    launcher.chmod(0o755)
+    return folder
+
+
+def test_a_fused_mar_is_served_by_a_torchserve_with_nothing_of_segserve_installed(served, tmp_path):
+    """What `segserve fuse` writes needs TorchServe only: served from a venv where segserve and its handlers do not
+    import, it answers the workflow's bytes (the workflow's answers from the server with segserve)."""
+    venv = bare_venv(tmp_path / "bare")
+    imports = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import ts, torch\ntry:\n import segserve\nexcept ImportError:\n print('no segserve')"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert imports.stdout.strip() == "no segserve", imports.stderr
+    bodies = tensors(4)
+    workflow = post(served, [("/wfpredict/chain", body) for body in bodies])
+    assert all(r.status == 200 for r in workflow), [r.text() for r in workflow]
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "fused_chain.mar").write_bytes((served.model_store / "fused_chain.mar").read_bytes())
+    bare = TorchServe(tmp_path / "ts", store, ROOT / "config.properties", free_ports=True, venv=venv, env={"PYTHONPATH": ""})
+    with bare:
+        bare.register_model("fused_chain.mar", "fused_chain", workers=1, batch_size=4, max_batch_delay_ms=200)
+        fused = post(bare, [("/predictions/fused_chain", body) for body in bodies])
+        # its worker runs the bare venv's Python (TorchServe hands its launcher's interpreter to every worker)
+        (worker,) = bare.describe("fused_chain")["workers"]
+        python = psutil.Process(int(worker["pid"])).cmdline()[0]
+    assert python == str(venv / "bin" / "python")
+    assert [(r.status, r.body) for r in fused] == [(r.status, r.body) for r in workflow]
