@@ -100,7 +100,7 @@ lint: setup-dev
 # compute), then the tests marked solo alone (they measure the machine's CPU); both always run.
 test: lint setup-postgres setup-pushgateway
 	shared=0; solo=0; \
-	$(BIN)/python -m pytest -m "not long and not solo" -n 4 --dist loadfile --no-loadscope-reorder --durations=25 || shared=$$?; \
+	$(BIN)/python -m pytest -m "not long and not solo" -n 2 --dist loadfile --no-loadscope-reorder --durations=25 || shared=$$?; \
 	$(BIN)/python -m pytest -m "solo and not long" || solo=$$?; \
 	[ $$shared -eq 0 ] && [ $$solo -eq 0 ]
 
