@@ -69,6 +69,12 @@ RULES: list[tuple[str, str, str]] = [
         "a long run outside make test; its harness: tests/system/test_fuzz.py::test_a_bounded_fuzz_run_finds_no_crash_hang_or_bad_answer",
     ),
     (r"^make gpu-check$", "ci", "needs CUDA; its tests are marked gpu and skip here with the reason"),
+    (
+        r"^make (setup-peers|test-peers|peers)$",
+        "ci",
+        "the peer servers, outside make test (their venvs install ray, litserve, nvidia-pytriton): tests/peers/test_peers.py; "
+        "the command target that starts them: tests/system/test_command_target.py",
+    ),
     (r"^make gpu-bundle$", "test", "tests/system/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step"),
     (
         r"^(PYTHON=\S+ )?gpu_bundle/run\.sh --dry-run$",
