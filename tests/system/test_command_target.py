@@ -71,6 +71,7 @@ def test_a_command_target_is_started_per_setting_measured_with_its_processes_and
     for record in peer:
         assert record["error"] is None and record["requests_ok"] > 0 and record["requests_failed"] == 0, record
         assert record["server_rss_mb"] > 5 and record["server_cpu_pct"] is not None
+        assert list(record["server_processes"]) == [Path(sys.executable).name]  # by executable: here the one server
         assert record["target_kind"] == "command"
         assert record["server_versions"] == {"psutil": psutil.__version__, "no-such-package": None}
     # the v2 requests were well formed: the server answers 400 to anything else

@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 from segserve.errors import RuntimeFailure
 from segserve.serving import processes
 from segserve.serving.ts_config import free_port, release_ports
@@ -86,6 +88,16 @@ class CommandServer:
     def pids(self) -> list[int]:
         """Every live process of this server (the command and what it spawned)."""
         return [p.pid for p in processes.server_processes(self.run_dir)]
+
+    def process_groups(self) -> dict[str, list[int]]:
+        """Its processes by executable name ("tritonserver", "raylet", "python3.11" …): where its CPU goes."""
+        groups: dict[str, list[int]] = {}
+        for process in processes.server_processes(self.run_dir):
+            try:
+                groups.setdefault(process.name(), []).append(process.pid)
+            except psutil.Error:  # gone meanwhile
+                continue
+        return groups
 
     def stop(self) -> str:
         """SIGTERM to its processes' groups, SIGKILL after STOP_TIMEOUT_S; "" when the command had ended alone

@@ -115,7 +115,7 @@ class Deployment:
         if endpoint.metrics_url and self.server is not None:
             return process_groups(self.server, endpoint.models)
         if self.command is not None and endpoint.url == self.command.url:
-            return {"server": self.command.pids()}
+            return self.command.process_groups()
         return None
 
     # Server ------------------------------------------------------------------------
