@@ -232,7 +232,15 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
         assert main(["bench", str(suite), "--dry-run"]) == 0, capsys.readouterr().err
         counts[suite.stem] = len(re.findall(r"^ +\d+\. ", capsys.readouterr().out, re.MULTILINE))  # the planned points
     # with members: true, the members' points too (seed-seg and seed-jpeg alone)
-    expected = {"seed_fused": 16, "seed_fused_rate": 4, "seed_grid": 48, "seed_members": 16, "seed_search": 48, "seed_search_auto": 96, "seed_side_by_side": 3}
+    expected = {
+        "seed_fused": 16,
+        "seed_fused_rate": 4,
+        "seed_grid": 48,
+        "seed_members": 16,
+        "seed_search": 48,
+        "seed_search_auto": 96,
+        "seed_side_by_side": 3,
+    }
     assert counts == expected
 
 
