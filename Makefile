@@ -155,7 +155,7 @@ setup-peers: $(PEER_STAMPS)
 	touch $@
 
 # The peer apps against segserve's own answers (tests/peers/, marked long: not in make test): about 2 minutes.
-test-peers: setup-dev setup-peers
+test-peers: setup-dev build setup-peers
 	$(BIN)/python -m pytest tests/peers -m peers -v
 
 # segserve beside the peers, side by side in one run of alternating rounds (benchmarks/peers.yaml): about 15 minutes.
