@@ -240,6 +240,7 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
         "seed_search": 48,
         "seed_search_auto": 96,
         "seed_side_by_side": 3,
+        "seed_stock_vs_fused": 4,
     }
     assert counts == expected
 
