@@ -42,12 +42,6 @@ class CommandServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "CommandServer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
     def start(self, timeout_s: float) -> float:
         """Start the command and wait until its health path answers 200; the seconds that took. A command that
         exits or does not get healthy in time fails with its log's last lines, and what it left is stopped."""
@@ -84,10 +78,6 @@ class CommandServer:
             if time.monotonic() > deadline:
                 raise RuntimeFailure(f"{self.name}: {self.health} did not answer 200 within the target's start_timeout_s")
             time.sleep(0.5)
-
-    def pids(self) -> list[int]:
-        """Every live process of this server (the command and what it spawned)."""
-        return [p.pid for p in processes.server_processes(self.run_dir)]
 
     def process_groups(self) -> dict[str, list[int]]:
         """Its processes by executable name ("tritonserver", "raylet", "python3.11" …): where its CPU goes."""
