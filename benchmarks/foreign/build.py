@@ -1,6 +1,8 @@
 """Build the seed-style archives a TorchServe user would have, with the official archivers, into a folder:
 seg.mar (a TorchScript network with random weights behind seg_handler.py), jpeg.mar (jpeg_handler.py),
-seed.war (seg → jpeg), and the bodies to send: raw FP16 images, and FP16 logits for jpeg.mar alone.
+seed.war (seg → jpeg), and the bodies to send: raw FP16 images, and FP16 logits for jpeg.mar alone. Beside them
+lookup.mar (lookup_handler.py: waits 25 ms a row on a stand-in remote call) and lookup.war (seg → lookup, 2 seg
+workers and 8 lookup workers): a workflow that fusing does not serve better (docs/serving.md).
 
     .venv/bin/python benchmarks/foreign/build.py /tmp/seed_archives
     cd /tmp/seed_archives && segserve bench <repo>/benchmarks/foreign/seed.yaml --results <repo>/results
@@ -26,6 +28,19 @@ SEED_SPEC = """models:
   jpeg: {url: jpeg.mar}
 dag:
   seg: [jpeg]
+"""
+
+
+# a slow node that needs more workers than the others: 8 lookup workers (they wait), 2 seg workers (they compute)
+LOOKUP_SPEC = """models:
+  min-workers: 1
+  max-workers: 1
+  batch-size: 8
+  max-batch-delay: 5
+  seg: {url: seg.mar, min-workers: 2, max-workers: 2}
+  lookup: {url: lookup.mar, min-workers: 8, max-workers: 8}
+dag:
+  seg: [lookup]
 """
 
 
@@ -55,11 +70,15 @@ def main(out: Path) -> None:
     archiver = [str(BIN / "torch-model-archiver"), "--version", "1.0", "--export-path", str(out), "--force"]
     run([*archiver, "--model-name", "seg", "--handler", str(HERE / "seg_handler.py"), "--serialized-file", str(out / "seg.pt")])
     run([*archiver, "--model-name", "jpeg", "--handler", str(HERE / "jpeg_handler.py")])
+    run([*archiver, "--model-name", "lookup", "--handler", str(HERE / "lookup_handler.py")])
     spec = out / "seed.yaml"
     spec.write_text(SEED_SPEC)
     (out / "seed_functions.py").write_text("")
     workflow = [str(BIN / "torch-workflow-archiver"), "--workflow-name", "seed", "--spec-file", str(spec)]
     run([*workflow, "--handler", str(out / "seed_functions.py"), "--export-path", str(out), "--force"])
+    (out / "lookup.yaml").write_text(LOOKUP_SPEC)
+    lookup = [str(BIN / "torch-workflow-archiver"), "--workflow-name", "lookup", "--spec-file", str(out / "lookup.yaml")]
+    run([*lookup, "--handler", str(out / "seed_functions.py"), "--export-path", str(out), "--force"])
     # what jpeg.mar gets inside the workflow: seg's answers for the same images (the bench sends these alone)
     for index in range(4):
         image = torch.randn((3, 256, 448), generator=torch.Generator().manual_seed(index)).half()
@@ -67,7 +86,7 @@ def main(out: Path) -> None:
         with torch.inference_mode():
             logits = model(image.float()[None])[0].half()
         (out / f"logits_{index}.bin").write_bytes(logits.contiguous().view(torch.uint8).numpy().tobytes())
-    print(f"built seg.mar, jpeg.mar, seed.war and the bodies in {out}")
+    print(f"built seg.mar, jpeg.mar, seed.war, lookup.mar, lookup.war and the bodies in {out}")
 
 
 if __name__ == "__main__":
