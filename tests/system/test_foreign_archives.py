@@ -224,15 +224,18 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
     its points from the archives' folder (what docs/benchmarking.md's measurement ran)."""
     root = Path(__file__).resolve().parents[2]
     run([sys.executable, str(root / "benchmarks" / "foreign" / "build.py"), str(tmp_path / "archives")])
-    assert {"seg.mar", "jpeg.mar", "seed.war", "image_0.bin", "logits_0.bin"} <= {p.name for p in (tmp_path / "archives").iterdir()}
+    built = {p.name for p in (tmp_path / "archives").iterdir()}
+    assert {"seg.mar", "jpeg.mar", "seed.war", "lookup.mar", "lookup.war", "image_0.bin", "logits_0.bin"} <= built
     monkeypatch.chdir(tmp_path / "archives")
     assert main(["fuse", "seed.war", "--model-store", ".", "--out", "seed_one.mar"]) == 0  # what seed_fused.yaml measures
+    assert main(["fuse", "lookup.war", "--model-store", ".", "--out", "lookup_one.mar"]) == 0  # and lookup_fused.yaml
     counts = {}
     for suite in sorted((root / "benchmarks" / "foreign").glob("*.yaml")):
         assert main(["bench", str(suite), "--dry-run"]) == 0, capsys.readouterr().err
         counts[suite.stem] = len(re.findall(r"^ +\d+\. ", capsys.readouterr().out, re.MULTILINE))  # the planned points
     # with members: true, the members' points too (seed-seg and seed-jpeg alone)
     expected = {
+        "lookup_fused": 6,
         "seed_fused": 16,
         "seed_fused_rate": 4,
         "seed_grid": 48,

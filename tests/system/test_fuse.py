@@ -239,11 +239,12 @@ def test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_
     served.unregister("workflows", "seg_jpeg")
     served.unregister("models", "seg_jpeg_fusedby")
     # the suite, run from the project (its catalog targets), with the fused archive where this test wrote it
-    suite = tmp_path / "fuse_vs_handmade.yaml"
-    text = (ROOT / "benchmarks" / "fuse_vs_handmade.yaml").read_text()
-    suite.write_text(text.replace("archive: model_store/seg_jpeg_fusedby.mar", f"archive: {fused}"))
     monkeypatch.chdir(ROOT)
-    assert main(["bench", str(suite), "--dry-run"]) == 0
+    for name in ("fuse_vs_handmade", "fuse_vs_handmade_raw128"):
+        suite = tmp_path / f"{name}.yaml"
+        text = (ROOT / "benchmarks" / f"{name}.yaml").read_text()
+        suite.write_text(text.replace("archive: model_store/seg_jpeg_fusedby.mar", f"archive: {fused}"))
+        assert main(["bench", str(suite), "--dry-run"]) == 0
 
 
 def bare_venv(folder: Path) -> Path:
