@@ -150,7 +150,11 @@ step gpu_tests 150 in_project python -m pytest -m gpu -v -p no:cacheprovider --j
 step build 120 in_project python -m segserve.cli build
 step serve 150 in_project python -m segserve.gpu.summary serve "$WORK/serve.json"
 step bench 300 in_project python -m segserve.gpu.summary bench "$WORK/results"
-step summary $SUMMARY_S in_project python -m segserve.gpu.bundle summary "$WORK" "$OUT"
+# the summary needs only the standard library: with the venv's Python where the venv step made one (its yaml reads
+# the bench's results), else with the interpreter the run was given
+SUMMARY_PYTHON=$WORK/venv/bin/python
+[ -x "$SUMMARY_PYTHON" ] || SUMMARY_PYTHON=$PYTHON
+step summary $SUMMARY_S in_project "$SUMMARY_PYTHON" -m segserve.gpu.bundle summary "$WORK" "$OUT"
 cp "$WORK/gpu_tests.xml" "$OUT/" 2>/dev/null
 echo "run.sh: $(( $(date +%s) - STARTED )) s; results in $OUT; scratch in $WORK" | tee -a "$LOG"
 [ -f "$OUT/summary.txt" ] && cat "$OUT/summary.txt"

@@ -64,3 +64,27 @@ def test_the_summary_text_says_when_a_goal_is_missed():
     text = summary_text(summary)
     assert text.startswith("segserve GPU check: GPU\n")
     assert "seg_jpeg_fused_over_slower_member: 0.45 (goal ≥ 0.95) NOT met" in text
+
+
+def test_a_run_whose_venv_step_ran_out_of_time_still_gets_its_summary_from_the_standard_library(tmp_path):
+    """Seen under a loaded make test: the venv step timed out, and the summary step, run by that half-made venv's
+    Python (no torch, no yaml), died on `import torch`. Now write_summary needs only the standard library."""
+    work, out, bare = tmp_path / "work", tmp_path / "out", tmp_path / "bare"
+    work.mkdir()
+    steps = [("unpack", 0, 14.7), ("facts", 0, 15.8), ("venv", 124, 4.1), ("gpu_tests", 124, 0), ("bench", 124, 0)]
+    (work / "steps.jsonl").write_text("".join(f'{{"step": "{s}", "rc": {rc}, "seconds": {t}}}\n' for s, rc, t in steps))
+    (work / "facts.json").write_text('{"dry_run": true, "cuda": false, "python": "3.11.7"}')
+    subprocess.run(["/usr/bin/env", "python3", "-m", "venv", "--without-pip", str(bare)], check=True, timeout=60)
+    probe = subprocess.run([str(bare / "bin" / "python"), "-c", "import torch"], capture_output=True, timeout=60)
+    assert probe.returncode != 0  # what the summary step had
+    done = subprocess.run(
+        [str(bare / "bin" / "python"), "-m", "segserve.gpu.bundle", "summary", str(work), str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    text = (out / "summary.txt").read_text()
+    assert text.startswith("segserve GPU check: DRY RUN (no CUDA)\n")
+    assert "venv FAILED rc=124 4s" in text and "bench FAILED rc=124 0s" in text
