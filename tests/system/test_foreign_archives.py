@@ -238,6 +238,7 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
         "lookup_fused": 6,
         "seed_fused": 16,
         "seed_fused_rate": 4,
+        "seed_goal": 8,
         "seed_grid": 48,
         "seed_members": 16,
         "seed_search": 48,

@@ -240,7 +240,7 @@ def test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_
     served.unregister("models", "seg_jpeg_fusedby")
     # the suite, run from the project (its catalog targets), with the fused archive where this test wrote it
     monkeypatch.chdir(ROOT)
-    for name in ("fuse_vs_handmade", "fuse_vs_handmade_raw128"):
+    for name in ("fuse_vs_handmade", "fuse_vs_handmade_raw128", "fuse_rate"):
         suite = tmp_path / f"{name}.yaml"
         text = (ROOT / "benchmarks" / f"{name}.yaml").read_text()
         suite.write_text(text.replace("archive: model_store/seg_jpeg_fusedby.mar", f"archive: {fused}"))
