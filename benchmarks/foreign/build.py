@@ -2,7 +2,8 @@
 seg.mar (a TorchScript network with random weights behind seg_handler.py), jpeg.mar (jpeg_handler.py),
 seed.war (seg → jpeg), and the bodies to send: raw FP16 images, and FP16 logits for jpeg.mar alone. Beside them
 lookup.mar (lookup_handler.py: waits 25 ms a row on a stand-in remote call) and lookup.war (seg → lookup, 2 seg
-workers and 8 lookup workers): a workflow that fusing does not serve better (docs/serving.md).
+workers and 8 lookup workers): a slow node that needs more workers than the others (docs/serving.md, when
+fusing helps and when it does not).
 
     .venv/bin/python benchmarks/foreign/build.py /tmp/seed_archives
     cd /tmp/seed_archives && segserve bench <repo>/benchmarks/foreign/seed.yaml --results <repo>/results
