@@ -74,6 +74,10 @@ def _pin(cpus: list[int]) -> list[int]:
 # a server's workers share its process group; handlers run in other processes (tests, bench inputs) do not count.
 WORKERS_DIR = "segserve-workers"
 RECOUNT_S = 1.0
+# Before compiling: the count must be unchanged this long (TorchServe starts a model's workers together, and each
+# registers within a second or two of the others), and is waited for at most SETTLE_LIMIT_S.
+SETTLE_S, SETTLE_LIMIT_S = 2.0, 15.0
+_process_share: "SharedCores | None" = None  # this worker's, when it sizes its threads by sharing
 _registered: dict[Path, object] = {}  # lock file → its open file, held for the life of the process
 
 
@@ -132,9 +136,13 @@ class SharedCores:
         self.directory = directory or Path(tempfile.gettempdir()) / WORKERS_DIR / str(os.getpgid(0)) / model_name
         self.lock = register_worker(self.directory)
         self.threads = 0
+        self.kept_for: str | None = None  # why the thread count no longer follows the share (a compiled network)
+        self.declined = 0  # the last share not applied (logged once per value)
         self.counted_at = -math.inf
         self.refresh()
         self.counted_at = -math.inf  # recount at the first batch: peers may have started since
+        global _process_share
+        _process_share = self
 
     def refresh(self) -> int:
         """Recount (unless counted within RECOUNT_S) and resize torch's thread pool when the share changed."""
@@ -144,6 +152,14 @@ class SharedCores:
         self.counted_at = now
         workers = count_live_workers(self.directory)
         threads = max(1, self.cores // max(workers, 1))
+        if threads != self.threads and self.kept_for is not None:
+            if threads != self.declined:
+                self.declined = threads
+                logger.warning(
+                    "%s: %d live worker(s) share %d core(s), a share of %d thread(s), but this worker keeps %d: %s",
+                    self.model_name, workers, self.cores, threads, self.threads, self.kept_for,
+                )  # fmt: skip
+            return self.threads
         if threads != self.threads:
             torch.set_num_threads(threads)
             self.threads = threads
@@ -154,3 +170,35 @@ class SharedCores:
             self.lock.flush()
             logger.info("%s: %d live worker(s) share %d core(s): %d thread(s) each", self.model_name, workers, self.cores, threads)
         return threads
+
+    def settle(self, sleep=time.sleep) -> int:
+        """Count until the number of live workers stayed the same for SETTLE_S (at most SETTLE_LIMIT_S), and size
+        the threads by it: the workers started with this one have registered by then."""
+        started = changed = time.monotonic()
+        last = count_live_workers(self.directory)
+        while (now := time.monotonic()) - changed < SETTLE_S and now - started < SETTLE_LIMIT_S:
+            sleep(0.25)
+            count = count_live_workers(self.directory)
+            if count != last:
+                last, changed = count, time.monotonic()
+        self.counted_at = -math.inf
+        return self.refresh()
+
+    def keep(self, why: str) -> None:
+        """From now on the thread count stays as it is; a changed share is logged with `why`, not applied."""
+        self.kept_for, self.declined = why, self.threads
+
+
+def settle_threads_for_compiling() -> int | None:
+    """Called just before a network is compiled (handlers/optimize.py). Dynamo guards a compiled graph on
+    torch's thread count: a worker that compiled at 2 threads and is then told 1 (a second worker came up)
+    compiles every batch size again on requests, minutes for int8. Measured on 2 cores, fused int8 with 2
+    workers: 48.3 req/s at the default threads against 100.2 at `threads: 1` (benchmarks/int8_threads.yaml).
+    So a sharing worker sizes its threads once its model's workers have all registered, and keeps them.
+    Returns the threads kept, or None where threads are not shared (a core slot, `threads`, OMP_NUM_THREADS)."""
+    if _process_share is None:
+        return None
+    threads = _process_share.settle()
+    _process_share.keep(f"its network was compiled for {threads} thread(s), and a change would compile it again on requests")
+    logger.info("%s: compiling for %d thread(s), kept from now on", _process_share.model_name, threads)
+    return threads

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from handlers import pinning
 from handlers.pinning import WORKERS_DIR, SharedCores, count_live_workers, register_worker
 from segserve.errors import UsageError
 from segserve.serving.cores import load_plan
@@ -70,6 +71,41 @@ def test_live_workers_are_the_lock_files_held_and_a_killed_holders_file_is_remov
         for child in holders:
             child.kill()
             child.join(10)
+        torch.set_num_threads(threads_before)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a share smaller than every core needs 2 cores")
+def test_a_worker_compiling_waits_for_its_peers_then_keeps_its_threads(tmp_path, monkeypatch, caplog):
+    """Dynamo compiles again when torch's thread count changes: a sharing worker counts its peers until the
+    count holds, sizes its threads by it before compiling, and keeps them when the share changes later."""
+    cores = len(os.sched_getaffinity(0))
+    fork = multiprocessing.get_context("fork")
+    threads_before = torch.get_num_threads()
+    monkeypatch.setattr(pinning, "_process_share", None)
+    assert pinning.settle_threads_for_compiling() is None  # not sharing: nothing to settle
+    peer = None
+    try:
+        shared = SharedCores("m", directory=tmp_path)
+        assert shared.threads == cores  # alone so far
+        ready = fork.Event()
+        peer = fork.Process(target=hold_worker_lock, args=(str(tmp_path), ready), daemon=True)
+        starter = __import__("threading").Timer(0.6, peer.start)  # a peer that registers while this one waits
+        starter.start()
+        began = time.monotonic()
+        assert pinning.settle_threads_for_compiling() == cores // 2
+        assert ready.wait(5) and time.monotonic() - began >= pinning.SETTLE_S
+        assert torch.get_num_threads() == cores // 2
+        peer.kill()
+        peer.join(10)
+        shared.counted_at = -float("inf")
+        with caplog.at_level("WARNING", logger="handlers.pinning"):
+            assert shared.refresh() == cores // 2  # alone again, but compiled for the share: kept
+        assert torch.get_num_threads() == cores // 2
+        assert f"a share of {cores} thread(s), but this worker keeps {cores // 2}" in caplog.text
+    finally:
+        if peer is not None and peer.pid:
+            peer.kill()
+            peer.join(10)
         torch.set_num_threads(threads_before)
 
 
