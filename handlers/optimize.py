@@ -18,6 +18,8 @@ import sys
 
 import torch
 
+from handlers import pinning
+
 OPTIMIZATIONS = ("eager", "compile", "int8", "ipex")
 IPEX_HINT = "run `make setup-ipex` and serve from its venv (a suite: grid.server.venv: [.venv-ipex])"
 
@@ -76,6 +78,7 @@ def warm_up(network, batch_sizes: tuple[int, ...], example: torch.Tensor, dtype:
     tensor here would leave every real batch to compile again (measured: 8 s on the first batch of each size)."""
     import torch._dynamo
 
+    pinning.settle_threads_for_compiling()  # dynamo guards on the thread count: a sharing worker fixes it first
     limit = len(batch_sizes) + 8  # dynamo recompiles at most this many graphs per function before falling back
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(torch._dynamo.config, name):

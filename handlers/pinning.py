@@ -190,7 +190,7 @@ class SharedCores:
 
 
 def settle_threads_for_compiling() -> int | None:
-    """Called just before a network is compiled (handlers/optimize.py). Dynamo guards a compiled graph on
+    """Called just before a network is compiled (handlers/optimize.py, `warm_up`). Dynamo guards a compiled graph on
     torch's thread count: a worker that compiled at 2 threads and is then told 1 (a second worker came up)
     compiles every batch size again on requests, minutes for int8. Measured on 2 cores, fused int8 with 2
     workers: 48.3 req/s at the default threads against 100.2 at `threads: 1` (benchmarks/int8_threads.yaml).

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-from handlers import classmap, limits, optimize, pinning
+from handlers import classmap, limits, optimize
 from handlers.base import BadRequest, SegserveHandler, entry_point
 from handlers.batching import StagingPool, Streams, view_bytes
 from handlers.segnet import DEFAULT_BACKBONE, MEAN_RGB, STD_RGB, SegNet
@@ -182,7 +182,6 @@ def prepare_network(path: Path, settings: SegmentationSettings, device: torch.de
     network = load_network(path, settings).to(device, dtype=dtype, memory_format=memory_format)
     network = optimize.optimise(network, settings.optimize, device, dtype)
     if optimize.compiles(settings.optimize):
-        pinning.settle_threads_for_compiling()  # a sharing worker's thread count, fixed before it is compiled in
         example = torch.zeros(1, 3, settings.input_height, settings.input_width, device=device)
         optimize.warm_up(network, batch_sizes, example.contiguous(memory_format=memory_format), dtype)
     if settings.optimize == "int8" and batch_sizes:
