@@ -69,10 +69,10 @@ def test_replay_scores_every_strategy_against_the_grids_best(tmp_path):
     # the proposals' cost in the order proposed: random's sample is measured in the grid's order
     assert 1 <= results["random"]["9"]["registrations"] <= 5
     assert 0 < results["random"]["0.2"]["worst"] <= results["random"]["0.2"]["median"] <= 1.0
-    # auto measures each member's base and, one at a time, its other batch sizes and workers (7 each), then its
-    # best predictions
+    # auto measures each member's base, the pipeline at its most workers, every value of one parameter at a time,
+    # the rest of the members' design, then its best predictions
     assert {k: results["auto"]["1.0"][k] for k in ("median", "worst", "points")} == {"median": 1.0, "worst": 1.0, "points": len(pipeline)}
-    assert results["auto"]["0.2"]["points"] == 9  # 4 of them members: their base points and one batch size each
+    assert results["auto"]["0.2"]["points"] == 9  # 4 of them members: their bases and, in half the budget, two more
 
 
 def test_replay_prints_json_for_scripts(tmp_path, capsys):

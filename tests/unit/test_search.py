@@ -145,7 +145,7 @@ def pipeline_truth(p: Point) -> float:
     return 0.9 / (1 / seg + 1 / jpeg)
 
 
-def test_auto_predicts_pipelines_from_their_members_and_measures_the_best_predictions():
+def test_auto_measures_the_members_bases_then_the_pipeline_most_parallel_then_one_parameter_at_a_time():
     points, members = members_space()
     strategy = make_strategy("auto", points, Budget(points=60), members)
     answered = {}
@@ -155,13 +155,22 @@ def test_auto_predicts_pipelines_from_their_members_and_measures_the_best_predic
         return answered[p.run_id]
 
     asked = run(strategy, answer)
-    pipelines = [p for p in asked if p.target == "seg_jpeg"]
-    # the members first: each one's base (batch 4, 2 workers), its 5 other batch sizes and 3 other worker counts
-    assert len(asked) == 60 and {p.target for p in asked[:18]} == {"seg", "jpeg"} and asked[18].target == "seg_jpeg"
+    assert len(asked) == 60 and len({p.run_id for p in asked}) == 60
+    # each member's base (batch 4, 2 workers), then the pipeline's anchor: its most workers, the middle batch size
+    assert [p.target for p in asked[:3]] == ["seg", "jpeg", "seg_jpeg"]
+    anchor = asked[2].params
+    assert (anchor["batch_size"], anchor["jpeg_workers"], anchor["seg_workers"]) == (4, 4, 4)
+    # the anchor is predicted from the bases alone (a worker count not measured counts as the base's)
+    assert answered[asked[2].run_id]["predicted_throughput_rps"] == pytest.approx(1 / (1 / 55 + 1 / 380))
+    # then every batch size from the best point so far, nearest first; then each node's workers from the best then
+    assert [p.params["batch_size"] for p in asked[3:8]] == [8, 2, 16, 1, 32]
+    assert [(p.params["batch_size"], p.params["jpeg_workers"]) for p in asked[8:11]] == [(8, 3), (8, 2), (8, 1)]
+    assert [(p.params["jpeg_workers"], p.params["seg_workers"]) for p in asked[11:14]] == [(1, 3), (1, 2), (1, 1)]
     best = max(pipeline_truth(p) for p in points if p.target == "seg_jpeg")
-    assert pipeline_truth(pipelines[0]) == pytest.approx(best)  # the first prediction measured is the best point
-    record = answered[pipelines[0].run_id]
-    assert record["predicted_throughput_rps"] == pytest.approx(best / 0.9)  # predicted from the members, before correction
+    assert max(pipeline_truth(p) for p in asked[2:14]) == pytest.approx(best)  # found in 12 of the 96 pipeline points
+    # then the rest of the members' design (within half the budget), then the best predictions left
+    assert {p.target for p in asked[14:30]} == {"seg", "jpeg"} and {p.target for p in asked[30:]} == {"seg_jpeg"}
+    assert all(answered[p.run_id]["predicted_throughput_rps"] > 0 for p in asked[30:])
 
 
 def test_auto_needs_the_members_of_a_pipeline():

@@ -1,16 +1,25 @@
-"""The auto strategy: find a pipeline's worker and batch configuration from its members' costs.
+"""The auto strategy: find a pipeline's configuration by measuring the pipeline where it matters, guided by its
+members' costs.
 
-It measures the members first (each node's model served alone, at the suite's highest concurrency): a base
-point (the middle value of every parameter) and, one parameter at a time, the base with each other value of
-that parameter, within half the budget (batch sizes first). A member's throughput at any values is then the
-base's times each parameter's measured effect (the nearest measured value where one is missing). Every
-pipeline point is predicted from them: its nodes share the machine's cores, so one request costs the sum of
-its nodes' times, and the pipeline serves 1 / Σ (1 / member throughput) at the values the point sets for each
-node. A pipeline adds costs its members do not have (the frontend's hops between workflow nodes, the fused
-worker's own loop), so each target's predictions are scaled by what its measured points showed (median
-measured ÷ predicted); auto measures the best prediction of every target first, then the best corrected
-prediction left, until the budget is spent. Each pipeline record carries `predicted_throughput_rps`, so the
-report shows predicted against measured.
+In order:
+1. Each member's base point (its model served alone, at the suite's highest concurrency, at the middle value of
+   every parameter): a member's throughput at any values is its base's times each parameter's measured effect
+   (the nearest measured value where one is missing), and a pipeline point is predicted from them: its nodes
+   share the machine's cores, so one request costs the sum of its nodes' times, and the pipeline serves
+   1 / Σ (1 / member throughput) at the values the point sets for each node.
+2. Each pipeline target's anchor: its largest worker counts, the middle value of everything else. Workers are the
+   largest effect on a machine's cores, and a member measured alone at one worker count cannot show it (on the
+   recorded grids, auto at 10% never probed a second fused worker and found 0.66 of the best).
+3. A line search from the best pipeline point measured so far, one parameter at a time (batch size, then the
+   batch delay, then the other archive parameters, then the workers of each node): every value of that
+   parameter, nearest first, then on from the best point measured.
+4. The rest of the members' design (one parameter at a time from the base, batch sizes first), within half the
+   budget with the bases.
+5. The best predictions left, each target's scaled by what its measured points showed (median measured ÷
+   predicted): a pipeline adds costs its members do not have (the frontend's hops between workflow nodes, the
+   fused worker's own loop).
+Each pipeline record carries `predicted_throughput_rps` (from the members' measurements so far), so the report
+shows predicted against measured.
 """
 
 import statistics
@@ -21,6 +30,12 @@ from segserve.bench.suite.plan import Point
 from segserve.errors import UsageError
 
 
+def _options(points: list[Point]) -> dict[str, list]:
+    """Every parameter the points vary, with its values in order."""
+    values = {name: {p.params[name] for p in points} for name in points[0].params}
+    return {name: sorted_values(found) for name, found in values.items() if len(found) > 1}
+
+
 def _values(point: Point) -> dict:
     """A member point's parameters without the load (members are measured at one concurrency)."""
     return {name: value for name, value in point.params.items() if name != "concurrency"}
@@ -28,6 +43,10 @@ def _values(point: Point) -> dict:
 
 def _key(values: dict) -> tuple:
     return tuple(sorted(values.items(), key=lambda item: item[0]))
+
+
+def _line_order(name: str) -> tuple:
+    return (name.endswith("workers"), name != "batch_size", name != "max_batch_delay_ms")
 
 
 class MemberModel:
@@ -94,25 +113,73 @@ class AutoSearch(Search):
         at_top = [p for p in probes if p.params.get("concurrency", 0) == top]  # capacity: the highest load
         self.models = {m: MemberModel([p for p in at_top if p.target == m]) for m in dict.fromkeys(p.target for p in at_top)}
         designs = [model.design() for model in self.models.values()]
-        # members in turn, so that a cut keeps every member's base and its batch sizes first
-        queue = [design[i] for i in range(max(map(len, designs))) for design in designs if i < len(design)]
-        if limit is not None:
-            queue = queue[: max(len(designs), limit // 2)]
-        self.queue = self.in_grid_order(queue)
+        bases = [design[0] for design in designs]
+        # the rest of the members' design in turn (a cut keeps every member's batch sizes first), within half the budget
+        rest = [design[i] for i in range(1, max(map(len, designs))) for design in designs if i < len(design)]
+        self.member_rest = self.in_grid_order(rest[: max(0, limit // 2 - len(bases))] if limit is not None else rest)
+        self.options = {t: _options([p for p in self.candidates if p.target == t]) for t in self.members}
+        anchors = [a for a in map(self.anchor, self.members) if a is not None]
+        self.queue = self.in_grid_order(bases) + anchors
+        self.lines: list[str] | None = None  # the parameters still to search along, from the best point measured
+        self.line: list[Point] = []
+        self.rps: dict[str, float] = {}  # pipeline run_id → measured throughput
         self.predicted: dict[str, float | None] = {}
         self.measured: dict[str, list[float]] = {}  # target → measured ÷ predicted of its points
 
+    def anchor(self, target: str) -> Point | None:
+        """The target's point with its largest worker counts and the middle value of every other parameter."""
+        wanted = {n: o[-1] if n.endswith("workers") else o[(len(o) - 1) // 2] for n, o in self.options[target].items()}
+        return next((p for p in self.candidates if p.target == target and all(p.params[n] == v for n, v in wanted.items())), None)
+
     def propose(self) -> Point | None:
         if self.queue:
-            return self.queue.pop(0)
-        if not self.predicted:
-            self.predicted = {p.run_id: self.predict(p) for p in self.candidates}
-        rest = [p for p in self.unasked() if p.target in self.members and self.predicted.get(p.run_id)]
-        if not rest:
-            return None
-        tried = {p.target for p in self.asked}
-        untried = [p for p in rest if p.target not in tried]  # every target's best first: it calibrates the rest
-        return max(untried or rest, key=self.corrected)
+            return self._predicted(self.queue.pop(0))
+        if (point := self._next_on_line()) is not None:
+            return self._predicted(point)
+        asked = {p.run_id for p in self.asked}
+        if rest := [p for p in self.member_rest if p.run_id not in asked]:
+            return rest[0]
+        rest = [p for p in self.unasked() if p.target in self.members and self._predict_once(p)]
+        return max(rest, key=self.corrected) if rest else None
+
+    def _next_on_line(self) -> Point | None:
+        """The next value of the parameter searched now, from the best pipeline point measured when its line began."""
+        asked = {p.run_id for p in self.asked}
+        while True:
+            if todo := [p for p in self.line if p.run_id not in asked]:
+                return todo[0]
+            measured = [p for p in self.asked if p.run_id in self.rps]
+            if not measured:
+                return None  # every pipeline point failed so far: the predictions choose
+            best = max(measured, key=lambda p: self.rps[p.run_id])
+            if self.lines is None:  # batch size, the batch delay, the other archive parameters, each node's workers
+                self.lines = sorted(self.options[best.target], key=_line_order)
+            if not self.lines:
+                return None
+            self.line = self._along(best, self.lines.pop(0))
+
+    def _along(self, point: Point, name: str) -> list[Point]:
+        """The target's points that differ from `point` in `name` only, nearest value first (the larger at a tie)."""
+        options = self.options[point.target].get(name)
+        if options is None:
+            return []
+        here = options.index(point.params[name])
+        others = {k: v for k, v in point.params.items() if k != name}
+        same_target = [p for p in self.candidates if p.target == point.target]
+        by_value = {p.params[name]: p for p in same_target if {k: v for k, v in p.params.items() if k != name} == others}
+        order = sorted(range(len(options)), key=lambda i: (abs(i - here), -i))
+        return [by_value[options[i]] for i in order if i != here and options[i] in by_value]
+
+    def _predicted(self, point: Point) -> Point:
+        """A pipeline point's prediction from the members measured so far (kept for its record and the correction)."""
+        if point.target in self.members:
+            self.predicted[point.run_id] = self.predict(point)
+        return point
+
+    def _predict_once(self, point: Point) -> float | None:
+        if point.run_id not in self.predicted:
+            self.predicted[point.run_id] = self.predict(point)
+        return self.predicted[point.run_id]
 
     def corrected(self, point: Point) -> float:
         ratios = self.measured.get(point.target)
@@ -124,8 +191,12 @@ class AutoSearch(Search):
             return
         if point.target in self.models:
             self.models[point.target].tell(point, value)
-        elif self.predicted.get(point.run_id):
-            self.measured.setdefault(point.target, []).append(value / self.predicted[point.run_id])
+            asked = {p.run_id for p in self.asked}
+            self.predicted = {k: v for k, v in self.predicted.items() if k in asked}  # the rest: predicted again
+        elif point.target in self.members:
+            self.rps[point.run_id] = value
+            if self.predicted.get(point.run_id):
+                self.measured.setdefault(point.target, []).append(value / self.predicted[point.run_id])
 
     def annotate(self, point: Point) -> dict:
         predicted = self.predicted.get(point.run_id)
