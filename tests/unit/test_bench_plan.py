@@ -328,3 +328,28 @@ def test_the_bare_forwards_length_is_the_suites_and_leaves_run_ids_alone(tmp_pat
         spec = load_suite(write(tmp_path, suite.replace("EXTRA", extra)), CATALOG)
         ids.append([p.run_id for p in plan_points(spec, CATALOG, ROOT / "weights" / "seg.pt")])
     assert ids[0] == ids[1] != ids[2]  # a served load setting does change them
+
+
+def test_points_whose_threads_times_workers_exceed_the_cores_are_named_before_measuring(tmp_path):
+    from types import SimpleNamespace
+
+    from segserve.bench.run.runner import Runner
+    from segserve.bench.run.session import oversubscribed
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(
+        textwrap.dedent(f"""
+        targets: [seg_jpeg_fused, seg_jpeg]
+        inputs: [{{images: ["{SAMPLES}"]}}]
+        grid:
+          archive: {{batch_size: [4], threads: [0, 2]}}
+          runtime: {{workers: [1, 2], seg_workers: [1, 2], jpeg_workers: [1]}}
+        """)
+    )
+    suite = load_suite(path, CATALOG)
+    points = plan.expand(suite, CATALOG)
+    runner = Runner(CATALOG, SimpleNamespace(suite=suite), None, [], None)
+    over = {(p.target, threads, workers) for _, threads, workers in oversubscribed(points, runner, 2) for p in points if p.run_id == _}
+    # threads 2 with 2 workers of the seg node (the fused model's, the workflow's seg node) on 2 cores; threads 0 never
+    assert over == {("seg_jpeg_fused", 2, 2), ("seg_jpeg", 2, 2)}
+    assert oversubscribed(points, runner, 4) == []

@@ -22,6 +22,7 @@ from segserve.bench.run.inputs import Body, class_maps, request_bodies
 from segserve.bench.run.runner import Runner, bare_throughputs
 from segserve.bench.search import budget_points, candidates, make_strategy, study
 from segserve.bench.suite import plan as planning
+from segserve.bench.suite.params import node_param, workers_param
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import differences, int8_shortfall, label, machine, machines_of
@@ -69,10 +70,32 @@ def warn_about_machine(points, runner: Runner, kept: list[dict], env_info: dict,
     int8 = [p for p in points if runner.handler_settings(p).get("optimize") == "int8"]
     if int8 and shortfall:
         log(f"warning: {len(int8)} int8 point(s) on this machine: {shortfall}")
+    if over := oversubscribed(points, runner, env_info.get("cpu_cores")):
+        example, threads, workers = over[0]
+        log(
+            f"warning: {len(over)} point(s) ask for more torch threads than this process's {env_info['cpu_cores']} core(s) "
+            f"(e.g. {example}: threads {threads} × {workers} worker(s)); they compete for the cores "
+            "(threads 0 shares the cores among a model's live workers)"
+        )
     elsewhere = [m for m in machines_of(kept) if differences(m, env_info)]
     if elsewhere:
         where = ", ".join(label(m) for m in elsewhere)
         log(f"warning: kept points were measured on {where}; this is {label(env_info)} (start anew to compare like with like)")
+
+
+def oversubscribed(points, runner: Runner, cores: int | None) -> list[tuple[str, int, int]]:
+    """(run_id, threads, workers) of each point whose weights node sets `threads` explicitly and whose workers of
+    that node then run more torch threads than the cores this process may use."""
+    found = []
+    for point in points:
+        node = runner.weights_node(point.target, alone=False)
+        if not cores or node is None:
+            continue
+        threads = point.params.get(node_param(node, "threads")) or point.params.get("threads") or 0  # as the grid sets it
+        workers = point.params.get(workers_param(node)) or point.params.get("workers") or 1
+        if threads * workers > cores:
+            found.append((point.run_id, threads, workers))
+    return found
 
 
 def _output(command: list[str], stderr: bool = False) -> str:
