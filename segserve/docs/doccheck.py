@@ -7,7 +7,8 @@ the test that runs it, so no documented command is left broken or untested.
 
 How a command is checked, first matching rule wins (RULES below):
   walkthrough  the whole block is run as written, on free ports: `serve` gets --port-base and a run folder of
-               its own, the other segserve commands the same run folder, URLs the port
+               its own, the other segserve commands the same run folder, URLs the port; blocks that start
+               the server with the same command run as one script on one server (the block that builds first)
   dry-run      `segserve bench SUITE …` runs as `segserve bench SUITE --dry-run` (the suite parses, plans and
                validates; a long benchmark itself is not run in make test)
   run          run as written (fast, no server)
@@ -221,6 +222,35 @@ def walkthrough_script(lines: list[str], run_dir: Path, port_base: int) -> str:
     return "\n".join(out) + "\n"
 
 
+def _starts_server(line: str) -> bool:
+    return re.search(r"segserve serve(?![\w-])(?! --stop)", line) is not None
+
+
+def on_one_server(blocks: dict[tuple[str, int], list[str]]) -> list[list[tuple[str, int]]]:
+    """The serving walkthroughs grouped by the command that starts their server: blocks that start it the same
+    way run as one script on one TorchServe (each start costs tens of seconds and every default worker)."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for where, lines in blocks.items():
+        groups.setdefault(next(line for line in lines if _starts_server(line)), []).append(where)
+
+    def builds_first(where: tuple[str, int]) -> bool:  # a block that builds the archives goes before the server starts
+        return not any("segserve build" in line or line == "make build" for line in blocks[where])
+
+    return [sorted(group, key=builds_first) for group in groups.values()]
+
+
+def one_script(blocks: list[list[str]]) -> list[str]:
+    """Blocks that start the same server, in order, as one: every command of each, but a start where the server
+    runs already (the same command as the first block's) and a stop before the last block's."""
+    out: list[str] = []
+    for number, lines in enumerate(blocks, 1):
+        for line in lines:
+            if (_starts_server(line) and any(map(_starts_server, out))) or ("serve --stop" in line and number < len(blocks)):
+                continue
+            out.append(line)
+    return out
+
+
 def run_walkthrough(command_block: list[str], log) -> str | None:
     """Run a walkthrough block; None when it passed, else what failed. A server it leaves is stopped."""
     with tempfile.TemporaryDirectory(prefix="doccheck-") as scratch:
@@ -277,15 +307,16 @@ def check(run_servers: bool = True, full: bool = False, log=print) -> list[str]:
         for c in found:
             if rule_for(c)[0] == "walkthrough" and c.text != "make run":
                 blocks.setdefault((c.file, c.block), []).append(c.text)
-        for (file, index), lines in blocks.items():
-            if not any("segserve serve" in line for line in lines):
-                continue  # its commands are run in a block that starts a server
-            log(f"walkthrough {file} block {index + 1}:")
+        serving = {where: lines for where, lines in blocks.items() if any(_starts_server(line) for line in lines)}
+        for group in on_one_server(serving):  # blocks without a server: their commands run in a block with one
+            names = " and ".join(f"{file} block {index + 1}" for file, index in group)
+            lines = one_script([serving[where] for where in group])
+            log(f"walkthrough {names}:")
             for line in lines:
                 log(f"  $ {line}")
             failure = run_walkthrough(lines, log)
             if failure:
-                problems.append(f"{file}: shell block {index + 1}: {failure}")
+                problems.append(f"{names}: {failure}")
     for command in sorted({c.text for c in found if rule_for(c)[0] == "full"} if full else []):
         log(f"$ {command}")
         done = subprocess.run(shlex.split(command), cwd=ROOT, capture_output=True, text=True, timeout=1800)

@@ -80,3 +80,19 @@ def test_a_documented_suite_whose_dry_run_fails_is_reported_with_its_error(monke
     monkeypatch.setattr(doccheck, "commands", lambda root=ROOT: [broken])
     problems = doccheck.check(run_servers=False, log=lambda _: None)
     assert len(problems) == 1 and problems[0].startswith("segserve bench benchmarks/missing.yaml --dry-run: error: ")
+
+
+def test_walkthroughs_that_start_the_same_server_run_as_one_script_on_one_server():
+    readme = ["segserve serve", "TOKEN=$(segserve token)", "segserve predict a.jpg --target fused", "segserve serve --stop"]
+    serving = ["make build", "segserve serve", "segserve predict a.jpg", "segserve serve --stop"]
+    other = ["segserve serve --targets seg", "segserve scale seg --workers 2", "segserve serve --stop"]
+    blocks = {("README.md", 1): readme, ("docs/serving.md", 0): serving, ("docs/x.md", 3): other}
+    groups = doccheck.on_one_server(blocks)
+    # the block that builds goes first; a server started another way is a group of its own
+    assert groups == [[("docs/serving.md", 0), ("README.md", 1)], [("docs/x.md", 3)]]
+    script = doccheck.one_script([blocks[where] for where in groups[0]])
+    assert script == [
+        "make build", "segserve serve", "segserve predict a.jpg",
+        "TOKEN=$(segserve token)", "segserve predict a.jpg --target fused", "segserve serve --stop",
+    ]  # fmt: skip
+    assert doccheck.one_script([other]) == other
