@@ -4,14 +4,13 @@ sleeping, registered on a real TorchServe as the user built them. The autoscaler
 the node that holds the requests: the sleep makes the imbalance deterministic, so nothing here asserts a timing."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from segserve.archives.foreign import read_archive
 from segserve.autoscale.loop import Autoscaler, war_bounds
 from segserve.autoscale.rules import Policy
-from segserve.bench.run.profiler import Background
+from segserve.bench.run.profiler import Background, torchserve_load
 from segserve.cli import main
 from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
@@ -71,7 +70,7 @@ def flow(tmp_path_factory):
 
 def load(server) -> Background:
     """4 connections on /wfpredict/flow, loopback, until finish(): the slow node's one worker cannot keep up."""
-    background = Background(server, SimpleNamespace(endpoint="/wfpredict/flow"), [b"x" * 64], 4, 90)
+    background = Background(torchserve_load(server, "/wfpredict/flow", [b"x" * 64], 4), 90)
     background.start()
     return background
 

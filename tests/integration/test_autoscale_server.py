@@ -15,7 +15,7 @@ from torchvision.io import encode_jpeg
 from segserve.archives.catalog import Catalog
 from segserve.autoscale.loop import Autoscaler
 from segserve.autoscale.rules import Bounds, Policy
-from segserve.bench.run.profiler import Background
+from segserve.bench.run.profiler import Background, torchserve_load
 from segserve.model.synthetic import make_sample
 from tests.conftest import ROOT
 
@@ -34,7 +34,7 @@ def test_a_phase_of_large_photos_moves_a_worker_and_no_request_fails(server, tmp
         # the large phase lasts until the move, at most 90 s: on a busy machine a trial undone, a mix that
         # has not held yet and a new worker importing torch each take several of its 2 s steps
         for phase, bodies, seconds in (("small", small, 8), ("large", large, 90)):
-            load = Background(server, target, bodies, 6, seconds + 60)
+            load = Background(torchserve_load(server, target.endpoint, bodies, 6), seconds + 60)
             load.start()
             started = time.monotonic()
             while time.monotonic() - started < seconds:
@@ -68,7 +68,7 @@ def test_a_fused_pipeline_under_load_takes_a_worker_and_its_threads_follow(serve
     policy = Policy(budget_workers=cores, min_interval_s=4, hysteresis=0.1, min_queue_ms=1)
     scaler = Autoscaler(server, {fused.name: Bounds(1, cores)}, policy, tmp_path, fused=True)
     records, threads = [], {}
-    load = Background(server, fused, [(ROOT / "samples" / "shapes_0.jpg").read_bytes()], 8, 150)
+    load = Background(torchserve_load(server, fused.endpoint, [(ROOT / "samples" / "shapes_0.jpg").read_bytes()], 8), 150)
     load.start()
     try:
         started = time.monotonic()

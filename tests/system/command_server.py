@@ -4,7 +4,8 @@
 MODE plain: answers POST /predict with 200 and the body's length; v2: checks a KServe v2 binary request (its
 JSON header's length in Inference-Header-Content-Length, one BYTES element of tensor `image`) and answers 400 for a
 malformed one; fail: writes a reason to stderr and exits 3 before listening; orphan: starts a child that outlives
-it, then exits 3. /health answers 200 once listening. Each start appends its argv as a JSON line to FILE.
+it, then exits 3; native: plain, beside a child that is not Python (as Triton's server binary beside PyTriton).
+/health answers 200 once listening. Each start appends its argv as a JSON line to FILE.
 """
 
 import argparse
@@ -75,6 +76,8 @@ def main() -> None:
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
         print("crashed, leaving a child behind", file=sys.stderr)
         sys.exit(3)
+    if args.mode == "native":
+        subprocess.Popen(["sleep", "600"])  # in our process group: stopped with it
     Handler.delay_s, Handler.mode = args.delay_ms / 1000, args.mode
     http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 

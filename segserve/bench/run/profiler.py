@@ -20,12 +20,22 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
+
 from handlers.profiling import request_path
 from segserve.errors import RuntimeFailure, UsageError
 
 TOP_FUNCTIONS = 15
 LINE_NUMBER = re.compile(r":\d+\)$")
 TRACE_WAIT_S = 60
+NOT_PYTHON = "not a Python process"
+
+
+def torchserve_load(server, endpoint: str, bodies: list[bytes], connections: int):
+    """A LoadSpec of `connections` on one of our TorchServe's inference endpoints (/predictions/seg …)."""
+    from segserve.bench.run.load import LoadSpec
+
+    return LoadSpec(server.url("inference"), endpoint, bodies, server.token("inference"), connections)
 
 
 def py_spy() -> str:
@@ -71,7 +81,12 @@ def finish_samplers(samplers, timeout_s: float) -> list[str]:
             process.kill()
             output, _ = process.communicate()
         if process.returncode != 0 or not path.exists():
-            errors.append(f"py-spy on {model} worker {pid} failed ({process.returncode}): {output.strip().splitlines()[-1:] or ''}")
+            lines = output.strip().splitlines()
+            said = next((line for line in lines if line.startswith("Error:")), lines[-1] if lines else "")  # not its backtrace
+            if "failed to find python" in said.lower():
+                errors.append(f"{model} {pid}: {NOT_PYTHON} (py-spy: {said})")
+            else:
+                errors.append(f"py-spy on {model} worker {pid} failed ({process.returncode}): {said}")
     return errors
 
 
@@ -142,42 +157,59 @@ def wait_for_traces(run_dir: Path, traces: dict[str, Path], timeout_s: float) ->
 def profile(
     server, target, run_dir: Path, seconds: float, out_root: Path, bodies: list[bytes], connections: int, rate_hz: int, log=print
 ) -> dict:
-    """Sample the target's workers for `seconds` (under our own load when connections > 0) and write the profile
-    folder; returns its summary (also profile.json)."""
+    """Sample the target's workers for `seconds` (under our own load when connections > 0), with a torch.profiler
+    trace per node, and write the profile folder; returns its summary (also profile.json)."""
+    spec = torchserve_load(server, target.endpoint, bodies, connections) if connections else None
+    return record(target.name, workers_of(server, target), spec, seconds, out_root, rate_hz, log, run_dir)
+
+
+def record(
+    name: str, pids: dict[str, list[int]], spec, seconds: float, out_root: Path, rate_hz: int, log=print, run_dir: Path | None = None
+) -> dict:
+    """Sample every process in `pids` (group → pids: a TorchServe target's models, or a command target's executables)
+    for `seconds` under `spec`'s load (None: none), with each process's CPU over the sampled span; a process py-spy
+    cannot read (not Python: Triton's server binary, Ray's raylet) is named, not an error. With run_dir (one of our
+    TorchServes), a torch.profiler trace per group. Writes the profile folder; returns its summary."""
     out = out_root / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out.mkdir(parents=True, exist_ok=True)
-    pids = workers_of(server, target)
-    load = Background(server, target, bodies, connections, 3 * seconds + 120) if connections else None  # stopped by finish()
+    load = Background(spec, 3 * seconds + 120) if spec else None  # stopped by finish()
     spans = {}
     if load:
         load.start()
         time.sleep(2)  # warm: connections open, batches full
         spans["before"] = load.span(seconds)
-    log(f"sampling {sum(map(len, pids.values()))} worker(s) of {target.name} for {seconds:.0f}s: {pids}")
-    traces = request_traces(run_dir, list(pids), out)
+    log(f"sampling {sum(map(len, pids.values()))} process(es) of {name} for {seconds:.0f}s: {pids}")
+    traces = request_traces(run_dir, list(pids), out) if run_dir else {}
+    cpu_before = _cpu_seconds(pids)
     samplers = start_samplers(pids, seconds, rate_hz, out)
-    started = load.now() if load else 0.0
+    started, began = (load.now() if load else 0.0), time.monotonic()
     errors = finish_samplers(samplers, seconds + 60)
+    cpu = {group: round(100 * used / (time.monotonic() - began), 1) for group, used in _cpu_used(pids, cpu_before).items()}
+    not_python = list(dict.fromkeys(e for e in errors if NOT_PYTHON in e))  # two recorders a process
+    errors = [e for e in errors if NOT_PYTHON not in e]
     if load:
         spans["sampled"] = (started, load.now())
         spans["after"] = load.span(seconds)
-    errors += wait_for_traces(run_dir, traces, TRACE_WAIT_S if not load else 10)
+    if run_dir:
+        errors += wait_for_traces(run_dir, traces, TRACE_WAIT_S if not load else 10)
     result = load.finish() if load else None
     summary = {
-        "target": target.name,
+        "target": name,
         "workers": pids,
         "seconds": seconds,
         "rate_hz": rate_hz,
+        "cpu_pct": cpu,  # of one core, over the sampled span, per group (py-spy's own cost included)
+        "not_python": not_python,
         "flame_graphs": sorted(p.name for p in out.glob("*.svg")),
         "traces": sorted(p.name for p in traces.values() if p.exists()),
-        "top_functions": {model: top_functions(list(out.glob(f"{model}-*.txt"))) for model in pids},
-        "handler_costs": {model: handler_costs(list(out.glob(f"{model}-*.txt"))) for model in pids},
+        "top_functions": {group: top_functions(list(out.glob(f"{group}-*.txt"))) for group in pids},
+        "handler_costs": {group: handler_costs(list(out.glob(f"{group}-*.txt"))) for group in pids},
         "errors": errors,
     }
     if result is not None:
-        rates = {name: result.rate_rps(*span) for name, span in spans.items()}
+        rates = {span: result.rate_rps(*times) for span, times in spans.items()}
         unsampled = (rates["before"] + rates["after"]) / 2
-        summary["throughput_rps"] = {name: round(rate, 2) for name, rate in rates.items()}
+        summary["throughput_rps"] = {span: round(rate, 2) for span, rate in rates.items()}
         summary["profiler_cost_pct"] = round(100 * (1 - rates["sampled"] / unsampled), 1) if unsampled else None
         summary["requests_failed"] = sum(not ok for ok in result.ok)
     (out / "profile.json").write_text(json.dumps(summary, indent=2))
@@ -186,11 +218,37 @@ def profile(
     return summary
 
 
+def _cpu_seconds(pids: dict[str, list[int]]) -> dict[int, float]:
+    found = {}
+    for pid in (pid for group in pids.values() for pid in group):
+        try:
+            times = psutil.Process(pid).cpu_times()
+            found[pid] = times.user + times.system
+        except psutil.Error:  # gone meanwhile
+            continue
+    return found
+
+
+def _cpu_used(pids: dict[str, list[int]], before: dict[int, float]) -> dict[str, float]:
+    after = _cpu_seconds(pids)
+    return {group: sum(after[p] - before[p] for p in members if p in after and p in before) for group, members in pids.items()}
+
+
 def render(summary: dict) -> str:
     from segserve.bench.results.render import render_table
 
-    lines = [f"# Profile of {summary['target']}", "", f"py-spy at {summary['rate_hz']} Hz for {summary['seconds']:.0f}s, every worker:"]
-    lines += ["", *(f"- {model}: pids {', '.join(map(str, pids))}" for model, pids in summary["workers"].items())]
+    lines = [f"# Profile of {summary['target']}", "", f"py-spy at {summary['rate_hz']} Hz for {summary['seconds']:.0f}s, every process:"]
+    cpu = summary.get("cpu_pct", {})
+    lines += [
+        "",
+        *(
+            f"- {group}: pids {', '.join(map(str, pids))}" + (f"; {cpu[group]}% of a core while sampled" if group in cpu else "")
+            for group, pids in summary["workers"].items()
+        ),
+    ]
+    if summary.get("not_python"):
+        lines += ["", "Not sampled (py-spy reads Python processes only; their CPU is above):", ""]
+        lines += [f"- {e}" for e in summary["not_python"]]
     if "throughput_rps" in summary:
         rates = summary["throughput_rps"]
         lines += [
@@ -212,13 +270,10 @@ def render(summary: dict) -> str:
 
 
 class Background:
-    """Closed-loop load on the target in a thread, for the whole profile; spans are offsets in its own clock."""
+    """Closed-loop load in a thread, for the whole profile; spans are offsets in its own clock."""
 
-    def __init__(self, server, target, bodies: list[bytes], connections: int, duration_s: float):
-        from segserve.bench.run.load import LoadSpec
-
-        self.spec = LoadSpec(server.url("inference"), target.endpoint, bodies, server.token("inference"), connections)
-        self.duration_s, self.result, self.error = duration_s, None, None
+    def __init__(self, spec, duration_s: float):
+        self.spec, self.duration_s, self.result, self.error = spec, duration_s, None, None
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 

@@ -397,44 +397,48 @@ def run_suite(
 
 
 def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], points: list, setup, out_dir: Path, port_base, log) -> None:
-    """`profile: best`: the suite's best point served again and profiled under its own load (segserve/bench/run/profiler.py);
-    the profile's summary is appended to report.md."""
-    from segserve.bench.run.profiler import profile
+    """`profile: best`: the suite's best point of ours served again and profiled under its own load
+    (segserve/bench/run/profiler.py), and beside it the best command target's (a peer server: every process of
+    it, py-spy on the Python ones); each profile's summary is appended to report.md."""
     from segserve.bench.suite.columns import best
 
-    ours = [r for r in records if r.get("target") in catalog.targets]
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    winner = best(ours, constraints, suite.objective)
-    if winner is None:
-        log("profile: best: no point satisfied the constraints: nothing to profile")
-        return
-    point = next(p for p in points if p.run_id == winner["run_id"])
-    log(f"profiling the best point {point.run_id} for {suite.profile_seconds:.0f}s …")
+    kinds = (("the best point", catalog.targets), ("the best command target", suite.command_targets))
+    for what, targets in kinds:
+        winner = best([r for r in records if r.get("target") in targets], constraints, suite.objective)
+        if winner is None:
+            if targets is catalog.targets or any(r.get("target") in targets for r in records):
+                log(f"profile: best: no {what.removeprefix('the best ')} satisfied the constraints: nothing to profile")
+            continue
+        point = next(p for p in points if p.run_id == winner["run_id"])
+        log(f"profiling {what} {point.run_id} for {suite.profile_seconds:.0f}s …")
+        summary = _profile_point(suite, catalog, weights, point, setup, out_dir, port_base, log)
+        folder = Path(summary["folder"])
+        text = (folder / "report.md").read_text().replace("# Profile of", f"## Profile of {what}:", 1)
+        with open(out_dir / "report.md", "a") as report:
+            report.write(f"\n{text}\nFiles: `{folder.relative_to(out_dir)}/`\n")
+        log(f"profile of {point.run_id}: {folder}")
+
+
+def _profile_point(suite, catalog: Catalog, weights: Path, point, setup, out_dir: Path, port_base, log) -> dict:
+    """Deploy one point again (its own server) and profile it under its suite's connections."""
+    from segserve.bench.run import profiler
+    from segserve.bench.run.load import LoadSpec
+
     deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
     setup.capture = deployment.answers
     try:
         bodies = setup.bodies_for(point.target)  # before the deploy: a member's capture releases what is registered
-        deployment.deploy(point)
-        server = deployment.server
+        endpoint = deployment.deploy(point)
         connections = point.params.get("concurrency") or 8
-        summary = profile(
-            server,
-            catalog.targets[point.target],
-            server.run_dir,
-            suite.profile_seconds,
-            out_dir / "profile",
-            bodies,
-            connections,
-            100,
-            log,
-        )
+        seconds, out = suite.profile_seconds, out_dir / "profile"
+        if point.target in catalog.targets:
+            server = deployment.server
+            return profiler.profile(server, catalog.targets[point.target], server.run_dir, seconds, out, bodies, connections, 100, log)
+        spec = LoadSpec(endpoint.url, endpoint.path, bodies, endpoint.token, connections, headers=endpoint.headers)
+        return profiler.record(point.target, deployment.watched_processes(endpoint), spec, seconds, out, 100, log)
     finally:
         deployment.close()
-    folder = Path(summary["folder"])
-    text = (folder / "report.md").read_text().replace("# Profile of", "## Profile of the best point:", 1)
-    with open(out_dir / "report.md", "a") as report:
-        report.write(f"\n{text}\nFiles: `{folder.relative_to(out_dir)}/`\n")
-    log(f"profile of {point.run_id}: {folder}")
 
 
 def collect(name: str, storage_url: str | None, catalog: Catalog, results_root: Path, log=print) -> Path:

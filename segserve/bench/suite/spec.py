@@ -503,7 +503,8 @@ class Suite(Strict):
     """Which points to measure"""
     profile: Literal["best"] | None = None
     """best: after the suite, serve its best point again and profile it under load (segserve profile): flame graphs
-    of every worker, a torch.profiler trace per node, the profiler's cost; into <result folder>/profile/"""
+    of every worker, a torch.profiler trace per node, the profiler's cost; and the best command target's (a peer:
+    every process's CPU, flame graphs of its Python ones); into <result folder>/profile/"""
     profile_seconds: Annotated[float, Field(gt=0)] = 10.0
     """How long profile: best samples"""
     autoscaler: AutoscalerSettings = AutoscalerSettings()
