@@ -16,7 +16,6 @@ from pathlib import Path
 from segserve.bench.run.measure import run_accuracy
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import cpu_identity, int8_shortfall
-from segserve.model.accuracy import verdict
 
 JSON_KEYS = ("variant", "throughput_ips", "latency_ms", "iou", "agreement", "valid", "reason", "int8_kernels", "slower_than_eager_because",
              "disturbed", "others_cpu_pct")  # fmt: skip
@@ -47,6 +46,8 @@ def measure_variant(variant: Variant, weights: Path, settings: dict, shapes: lis
     cannot be built or run is invalid with the error."""
     row = {"variant": variant.name, "throughput_ips": None, "latency_ms": None, "iou": None, "agreement": None, "int8_kernels": None,
            "disturbed": None, "others_cpu_pct": None}  # fmt: skip
+    from segserve.model.accuracy import verdict  # imports torch: not before the arguments are checked (a refusal is instant)
+
     spec = {**settings, "optimize": variant.optimize, "precision": variant.precision}
     try:
         if variant.optimize == "int8":
