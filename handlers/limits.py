@@ -45,6 +45,12 @@ def jpeg_scans_error(scans: int) -> str:
 
 def non_finite_error(tensor: torch.Tensor) -> str | None:
     """The message refusing a raw tensor holding NaN or ±Inf (the model would answer a meaningless mask), else None."""
+    # A float32 sum is NaN or ±Inf whenever a value is (NaN and Inf propagate), so a finite sum clears the tensor:
+    # 0.17 ms against isfinite().all()'s 2.5 ms for [3, 256, 448] fp16 on one thread (7.6% of a fused worker's
+    # samples at 128 connections). Only a non-finite sum is counted exactly: finite values can overflow it (float32
+    # or bfloat16 near their largest), and those pass.
+    if bool(torch.isfinite(tensor.sum(dtype=torch.float32))):
+        return None
     finite = torch.isfinite(tensor)
     if bool(finite.all()):
         return None

@@ -43,6 +43,14 @@ def test_a_raw_tensor_with_non_finite_values_is_refused(seg, poison):
     assert json.loads(out[0])["error"].startswith("raw tensor has 1 non-finite value(s) (NaN or Inf) of 344064")
 
 
+def test_finite_values_whose_sum_overflows_are_not_refused():
+    huge = torch.full(RAW_SHAPE, 3e38, dtype=torch.float32)  # finite, but their float32 sum is inf
+    assert not torch.isfinite(huge.sum()) and limits.non_finite_error(huge) is None
+    huge[0, 0, 0] = float("nan")
+    assert limits.non_finite_error(huge).startswith("raw tensor has 1 non-finite value(s)")
+    assert limits.non_finite_error(torch.zeros(RAW_SHAPE, dtype=torch.float16)) is None
+
+
 def test_non_finite_raw_values_pass_when_allowed(tiny_weights):
     handler = SegmentationHandler()
     handler.initialize(make_context(tiny_weights.parent, {"allow_non_finite": True}, tiny_weights.name))
