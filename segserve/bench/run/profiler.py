@@ -155,16 +155,33 @@ def wait_for_traces(run_dir: Path, traces: dict[str, Path], timeout_s: float) ->
 
 
 def profile(
-    server, target, run_dir: Path, seconds: float, out_root: Path, bodies: list[bytes], connections: int, rate_hz: int, log=print
+    server,
+    target,
+    run_dir: Path,
+    seconds: float,
+    out_root: Path,
+    bodies: list[bytes],
+    connections: int,
+    rate_hz: int,
+    log=print,
+    warm_s: float = 2.0,
 ) -> dict:
     """Sample the target's workers for `seconds` (under our own load when connections > 0), with a torch.profiler
     trace per node, and write the profile folder; returns its summary (also profile.json)."""
     spec = torchserve_load(server, target.endpoint, bodies, connections) if connections else None
-    return record(target.name, workers_of(server, target), spec, seconds, out_root, rate_hz, log, run_dir)
+    return record(target.name, workers_of(server, target), spec, seconds, out_root, rate_hz, log, run_dir, warm_s)
 
 
 def record(
-    name: str, pids: dict[str, list[int]], spec, seconds: float, out_root: Path, rate_hz: int, log=print, run_dir: Path | None = None
+    name: str,
+    pids: dict[str, list[int]],
+    spec,
+    seconds: float,
+    out_root: Path,
+    rate_hz: int,
+    log=print,
+    run_dir: Path | None = None,
+    warm_s: float = 2.0,
 ) -> dict:
     """Sample every process in `pids` (group → pids: a TorchServe target's models, or a command target's executables)
     for `seconds` under `spec`'s load (None: none), with each process's CPU over the sampled span; a process py-spy
@@ -176,7 +193,7 @@ def record(
     spans = {}
     if load:
         load.start()
-        time.sleep(2)  # warm: connections open, batches full
+        time.sleep(warm_s)  # warm: connections open, batches full, a fresh server past its ramp
         spans["before"] = load.span(seconds)
     log(f"sampling {sum(map(len, pids.values()))} process(es) of {name} for {seconds:.0f}s: {pids}")
     traces = request_traces(run_dir, list(pids), out) if run_dir else {}

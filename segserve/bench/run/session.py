@@ -432,11 +432,13 @@ def _profile_point(suite, catalog: Catalog, weights: Path, point, setup, out_dir
         endpoint = deployment.deploy(point)
         connections = point.params.get("concurrency") or 8
         seconds, out = suite.profile_seconds, out_dir / "profile"
+        warm_s = suite.load.warmup_s + suite.load.fresh_workers_warmup_s  # a server started for the profile: fresh
         if point.target in catalog.targets:
             server = deployment.server
-            return profiler.profile(server, catalog.targets[point.target], server.run_dir, seconds, out, bodies, connections, 100, log)
+            target = catalog.targets[point.target]
+            return profiler.profile(server, target, server.run_dir, seconds, out, bodies, connections, 100, log, warm_s)
         spec = LoadSpec(endpoint.url, endpoint.path, bodies, endpoint.token, connections, headers=endpoint.headers)
-        return profiler.record(point.target, deployment.watched_processes(endpoint), spec, seconds, out, 100, log)
+        return profiler.record(point.target, deployment.watched_processes(endpoint), spec, seconds, out, 100, log, None, warm_s)
     finally:
         deployment.close()
 
