@@ -83,11 +83,19 @@ def finish_samplers(samplers, timeout_s: float) -> list[str]:
         if process.returncode != 0 or not path.exists():
             lines = output.strip().splitlines()
             said = next((line for line in lines if line.startswith("Error:")), lines[-1] if lines else "")  # not its backtrace
-            if "failed to find python" in said.lower():
+            if "failed to find python" in said.lower() or not _python_executable(pid):
                 errors.append(f"{model} {pid}: {NOT_PYTHON} (py-spy: {said})")
             else:
                 errors.append(f"py-spy on {model} worker {pid} failed ({process.returncode}): {said}")
     return errors
+
+
+def _python_executable(pid: int) -> bool:
+    """Whether the process runs a python executable (py-spy's wording for the others may change between versions)."""
+    try:
+        return Path(psutil.Process(pid).exe()).name.startswith("python")
+    except psutil.Error:
+        return True  # gone or unreadable: its py-spy error is a real one
 
 
 def top_functions(raw_files: list[Path], limit: int = TOP_FUNCTIONS) -> list[dict]:
