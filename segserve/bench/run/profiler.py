@@ -24,6 +24,7 @@ import psutil
 
 from handlers.profiling import request_path
 from segserve.errors import RuntimeFailure, UsageError
+from segserve.serving.metrics import ProcessSampler
 
 TOP_FUNCTIONS = 15
 LINE_NUMBER = re.compile(r":\d+\)$")
@@ -205,11 +206,12 @@ def record(
         spans["before"] = load.span(seconds)
     log(f"sampling {sum(map(len, pids.values()))} process(es) of {name} for {seconds:.0f}s: {pids}")
     traces = request_traces(run_dir, list(pids), out) if run_dir else {}
-    cpu_before = _cpu_seconds(pids)
+    usage = ProcessSampler(pids)
+    usage.start()
     samplers = start_samplers(pids, seconds, rate_hz, out)
-    started, began = (load.now() if load else 0.0), time.monotonic()
+    started = load.now() if load else 0.0
     errors = finish_samplers(samplers, seconds + 60)
-    cpu = {group: round(100 * used / (time.monotonic() - began), 1) for group, used in _cpu_used(pids, cpu_before).items()}
+    cpu = {group: round(used["cpu_pct"], 1) for group, used in usage.stop()["server_processes"].items()}
     not_python = list(dict.fromkeys(e for e in errors if NOT_PYTHON in e))  # two recorders a process
     errors = [e for e in errors if NOT_PYTHON not in e]
     if load:
@@ -241,22 +243,6 @@ def record(
     (out / "report.md").write_text(render(summary))
     summary["folder"] = str(out)
     return summary
-
-
-def _cpu_seconds(pids: dict[str, list[int]]) -> dict[int, float]:
-    found = {}
-    for pid in (pid for group in pids.values() for pid in group):
-        try:
-            times = psutil.Process(pid).cpu_times()
-            found[pid] = times.user + times.system
-        except psutil.Error:  # gone meanwhile
-            continue
-    return found
-
-
-def _cpu_used(pids: dict[str, list[int]], before: dict[int, float]) -> dict[str, float]:
-    after = _cpu_seconds(pids)
-    return {group: sum(after[p] - before[p] for p in members if p in after and p in before) for group, members in pids.items()}
 
 
 def render(summary: dict) -> str:

@@ -122,7 +122,6 @@ class AutoSearch(Search):
         self.queue = self.in_grid_order(bases) + anchors
         self.lines: list[str] | None = None  # the parameters still to search along, from the best point measured
         self.line: list[Point] = []
-        self.rps: dict[str, float] = {}  # pipeline run_id → measured throughput
         self.predicted: dict[str, float | None] = {}
         self.measured: dict[str, list[float]] = {}  # target → measured ÷ predicted of its points
 
@@ -139,7 +138,7 @@ class AutoSearch(Search):
         asked = {p.run_id for p in self.asked}
         if rest := [p for p in self.member_rest if p.run_id not in asked]:
             return rest[0]
-        rest = [p for p in self.unasked() if p.target in self.members and self._predict_once(p)]
+        rest = [p for p in self.unasked() if p.target in self.members and self._prediction(p)]
         return max(rest, key=self.corrected) if rest else None
 
     def _next_on_line(self) -> Point | None:
@@ -148,10 +147,10 @@ class AutoSearch(Search):
         while True:
             if todo := [p for p in self.line if p.run_id not in asked]:
                 return todo[0]
-            measured = [p for p in self.asked if p.run_id in self.rps]
+            measured = {p: rps for p in self.asked if p.target in self.members and (rps := self._measured_rps(p))}
             if not measured:
                 return None  # every pipeline point failed so far: the predictions choose
-            best = max(measured, key=lambda p: self.rps[p.run_id])
+            best = max(measured, key=measured.get)
             if self.lines is None:  # batch size, the batch delay, the other archive parameters, each node's workers
                 self.lines = sorted(self.options[best.target], key=_line_order)
             if not self.lines:
@@ -171,15 +170,20 @@ class AutoSearch(Search):
         return [by_value[options[i]] for i in order if i != here and options[i] in by_value]
 
     def _predicted(self, point: Point) -> Point:
-        """A pipeline point's prediction from the members measured so far (kept for its record and the correction)."""
+        """The point, its prediction made first if it is a pipeline's (kept for its record and the correction)."""
         if point.target in self.members:
-            self.predicted[point.run_id] = self.predict(point)
+            self._prediction(point)
         return point
 
-    def _predict_once(self, point: Point) -> float | None:
+    def _prediction(self, point: Point) -> float | None:
+        """From the members measured so far (a member measured later clears the predictions not yet asked)."""
         if point.run_id not in self.predicted:
             self.predicted[point.run_id] = self.predict(point)
         return self.predicted[point.run_id]
+
+    def _measured_rps(self, point: Point) -> float | None:
+        record = self.told.get(point.run_id, {})
+        return None if record.get("error") else record.get("throughput_rps")
 
     def corrected(self, point: Point) -> float:
         ratios = self.measured.get(point.target)
@@ -194,7 +198,6 @@ class AutoSearch(Search):
             asked = {p.run_id for p in self.asked}
             self.predicted = {k: v for k, v in self.predicted.items() if k in asked}  # the rest: predicted again
         elif point.target in self.members:
-            self.rps[point.run_id] = value
             if self.predicted.get(point.run_id):
                 self.measured.setdefault(point.target, []).append(value / self.predicted[point.run_id])
 
