@@ -3,6 +3,8 @@
 import io
 import json
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -253,3 +255,25 @@ def test_the_test_slowdown_spins_for_its_share_of_the_handlers_time_and_is_off_b
     monkeypatch.setenv(handlers.testing_seam.SLOWDOWN_ENV, "-1")
     with pytest.raises(ValueError, match="between 0 and 10"):
         JpegHandler().initialize(make_context(tmp_path, config))
+
+
+IMPORT_CHECK = """
+import sys
+import handlers.segmentation, handlers.jpeg
+print("dynamo after the handlers:", "torch._dynamo" in sys.modules, "sympy" in sys.modules)
+import torch
+from torchvision.ops import roi_align
+print("compiles:", torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(2)).tolist())
+print("torchvision's helper:", roi_align.__globals__["is_compile_supported"]("cpu"))
+"""
+
+
+def test_a_worker_imports_the_handlers_without_torch_dynamo_and_can_still_compile():
+    """The handlers import torchvision without torch._dynamo (about 2 s of a worker's start); compiling later works."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "dynamo after the handlers: False False",
+        "compiles: [3.0, 3.0]",
+        "torchvision's helper: True",
+    ], done.stdout + done.stderr[-2000:]
