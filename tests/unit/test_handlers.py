@@ -15,6 +15,7 @@ from handlers import classmap
 from handlers.base import BATCH_SIZE_HEADER
 from handlers.jpeg import JpegHandler, voc_palette
 from handlers.segmentation import SegmentationHandler, image_size
+from segserve import ROOT
 from segserve.model.synthetic import make_sample
 from tests.conftest import make_context, status_of, with_rows
 
@@ -257,9 +258,11 @@ def test_the_test_slowdown_spins_for_its_share_of_the_handlers_time_and_is_off_b
         JpegHandler().initialize(make_context(tmp_path, config))
 
 
+# as in an archive: TorchServe imports the handler file as a top-level module (segmentation, jpeg), the package beside it
 IMPORT_CHECK = """
 import sys
-import handlers.segmentation, handlers.jpeg
+sys.path[:0] = ["handlers", "."]
+import segmentation, jpeg, pipeline
 print("dynamo after the handlers:", "torch._dynamo" in sys.modules, "sympy" in sys.modules)
 import torch
 from torchvision.ops import roi_align
@@ -270,7 +273,7 @@ print("torchvision's helper:", roi_align.__globals__["is_compile_supported"]("cp
 
 def test_a_worker_imports_the_handlers_without_torch_dynamo_and_can_still_compile():
     """The handlers import torchvision without torch._dynamo (about 2 s of a worker's start); compiling later works."""
-    done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", IMPORT_CHECK], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.splitlines() == [
         "dynamo after the handlers: False False",
