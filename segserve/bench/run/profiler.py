@@ -204,21 +204,28 @@ def record(
         load.start()
         time.sleep(warm_s)  # warm: connections open, batches full, a fresh server past its ramp
         spans["before"] = load.span(seconds)
+    traces, errors = {}, []
+    if run_dir and load:
+        # the traced batch before the sampled span, not in it: a worker's first torch.profiler run imports
+        # torch._dynamo (1.5 s alone on 2 cores; the workers leave it out at start), which stalled the span
+        traces = request_traces(run_dir, list(pids), out)
+        errors += wait_for_traces(run_dir, traces, 10 + seconds)
     log(f"sampling {sum(map(len, pids.values()))} process(es) of {name} for {seconds:.0f}s: {pids}")
-    traces = request_traces(run_dir, list(pids), out) if run_dir else {}
+    if run_dir and not load:  # traced by whatever traffic comes while the processes are sampled
+        traces = request_traces(run_dir, list(pids), out)
     usage = ProcessSampler(pids)
     usage.start()
     samplers = start_samplers(pids, seconds, rate_hz, out)
     started = load.now() if load else 0.0
-    errors = finish_samplers(samplers, seconds + 60)
+    errors += finish_samplers(samplers, seconds + 60)
     cpu = {group: round(used["cpu_pct"], 1) for group, used in usage.stop()["server_processes"].items()}
     not_python = list(dict.fromkeys(e for e in errors if NOT_PYTHON in e))  # two recorders a process
     errors = [e for e in errors if NOT_PYTHON not in e]
     if load:
         spans["sampled"] = (started, load.now())
         spans["after"] = load.span(seconds)
-    if run_dir:
-        errors += wait_for_traces(run_dir, traces, TRACE_WAIT_S if not load else 10)
+    if run_dir and not load:
+        errors += wait_for_traces(run_dir, traces, TRACE_WAIT_S)
     result = load.finish() if load else None
     summary = {
         "target": name,
