@@ -204,15 +204,12 @@ def record(
         load.start()
         time.sleep(warm_s)  # warm: connections open, batches full, a fresh server past its ramp
         spans["before"] = load.span(seconds)
-    traces, errors = {}, []
-    if run_dir and load:
-        # the traced batch before the sampled span, not in it: a worker's first torch.profiler run imports
-        # torch._dynamo (1.5 s alone on 2 cores; the workers leave it out at start), which stalled the span
-        traces = request_traces(run_dir, list(pids), out)
-        errors += wait_for_traces(run_dir, traces, 10 + seconds)
+    traces = request_traces(run_dir, list(pids), out) if run_dir else {}
+    # under load the traced batch runs before the sampled span, not in it: a worker's first torch.profiler run
+    # imports torch._dynamo (1.5 s alone on 2 cores; the workers leave it out at start), which stalled the span.
+    # Without load, whatever traffic comes while the processes are sampled is traced.
+    errors = wait_for_traces(run_dir, traces, 10 + seconds) if traces and load else []
     log(f"sampling {sum(map(len, pids.values()))} process(es) of {name} for {seconds:.0f}s: {pids}")
-    if run_dir and not load:  # traced by whatever traffic comes while the processes are sampled
-        traces = request_traces(run_dir, list(pids), out)
     usage = ProcessSampler(pids)
     usage.start()
     samplers = start_samplers(pids, seconds, rate_hz, out)
@@ -224,7 +221,7 @@ def record(
     if load:
         spans["sampled"] = (started, load.now())
         spans["after"] = load.span(seconds)
-    if run_dir and not load:
+    if traces and not load:
         errors += wait_for_traces(run_dir, traces, TRACE_WAIT_S)
     result = load.finish() if load else None
     summary = {
