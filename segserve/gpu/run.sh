@@ -13,7 +13,9 @@
 # --dry-run: the same steps where CUDA is absent (the gpu tests skip with their reason; the benchmark computes in
 # fp32, as fp16 convolutions on a CPU measure nothing of interest). Without it, a machine without CUDA is a failure.
 # Environment: OUT (default ./gpu_out), PYTHON (an interpreter with torch; default python3), WORK (scratch;
-# default a new folder under /tmp), DEADLINE_S (default 480: steps share it, then the summary gets its minute).
+# default a new folder under /tmp), DEADLINE_S (default 480: steps share it, then the summary gets its minute),
+# STEPS (names, comma-separated: run only these again in the WORK of an earlier run, whose other steps and their
+# results stay; a second try on the device then skips unpacking and installing: STEPS=serve,bench WORK=...).
 # Exit status: 0 when every step passed (and, without --dry-run, CUDA was there), else 1; 2 for a usage error.
 set -uo pipefail
 
@@ -36,13 +38,24 @@ PYTHON=$(command -v "${PYTHON:-python3}") || { echo "run.sh: no ${PYTHON:-python
 # the whole run must end inside the device tool's 10-minute call: steps get what is left, the summary its own minute
 DEADLINE=$(( $(date +%s) + ${DEADLINE_S:-480} ))
 SUMMARY_S=60
+ALL_STEPS=" unpack facts venv gpu_tests build serve bench "
+STEPS=${STEPS:-}
+if [ -n "$STEPS" ]; then
+  for name in ${STEPS//,/ }; do
+    [[ "$ALL_STEPS" == *" $name "* ]] || { echo "run.sh: STEPS: no step '$name' (steps:$ALL_STEPS)" >&2; exit 2; }
+  done
+  [ -n "${WORK:-}" ] && [ -f "$WORK/steps.jsonl" ] || {
+    echo "run.sh: STEPS=$STEPS runs steps again in the WORK of an earlier run: set WORK to it (it has no steps.jsonl)" >&2
+    exit 2
+  }
+fi
 WORK=${WORK:-$(mktemp -d /tmp/segserve-gpu.XXXXXX)}
 mkdir -p "$OUT" "$WORK/logs"
 OUT=$(cd "$OUT" && pwd)
 export OUT WORK DRY_RUN
 LOG=$OUT/run.log
 : > "$LOG"
-: > "$WORK/steps.jsonl"
+[ -n "$STEPS" ] || : > "$WORK/steps.jsonl"  # a rerun appends: the summary takes each step's last line
 STARTED=$(date +%s)
 DEADLINE=$(( DEADLINE - SUMMARY_S ))
 FAILED=0
@@ -52,6 +65,14 @@ FAILED=0
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "$STEPS" ] && [ "$name" != summary ] && [[ ",$STEPS," != *",$name,"* ]]; then
+    # not run again: its earlier outcome stands (and counts for the exit status)
+    local kept
+    kept=$(grep "\"step\": \"$name\"" "$WORK/steps.jsonl" | tail -n 1 | sed -n 's/.*"rc": \(-\?[0-9]*\).*/\1/p')
+    echo "== $name: kept from the earlier run in $WORK (exit ${kept:-none recorded})" | tee -a "$LOG"
+    [ "${kept:-1}" -eq 0 ] || FAILED=1
+    return "${kept:-1}"
+  fi
   local left=$(( DEADLINE - $(date +%s) ))
   [ "$name" = summary ] || { [ $left -lt $limit ] && limit=$left; }
   if [ $limit -le 0 ]; then

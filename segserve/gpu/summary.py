@@ -191,7 +191,14 @@ def _goals(bench: dict, cuda: bool) -> dict:
 
 def write_summary(work: Path, out: Path) -> int:
     facts = json.loads((work / "facts.json").read_text()) if (work / "facts.json").exists() else {}
-    steps = [json.loads(line) for line in (work / "steps.jsonl").read_text().splitlines() if line.strip()]
+    # a step run again (run.sh's STEPS) appends its line: the last one per step stands, in run order; an earlier
+    # run's own summary line is not a step of this one
+    recorded = {}
+    for line in (work / "steps.jsonl").read_text().splitlines():
+        step = json.loads(line) if line.strip() else {"step": "summary"}
+        if step["step"] != "summary":
+            recorded[step["step"]] = step
+    steps = list(recorded.values())
     serve_report = json.loads((work / "serve.json").read_text()) if (work / "serve.json").exists() else {}
     bench = _benchmark(work / "results")
     summary = {

@@ -24,13 +24,17 @@ def result_dir(tmp_path_factory, trained_weights):
               - images: ["{ROOT / "samples" / "shapes_0.jpg"}"]
               - raw: {{count: 1}}
             grid:
-              archive: {{batch_size: [4], jpeg_quality: [85]}}
+              archive: {{batch_size: [4], jpeg_quality: [85], response_timeout: [2]}}
               load: {{concurrency: [2]}}
             load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}}
             constraints: {{requests_failed: {{max: 0}}}}
             """
         )
     )
+    # response_timeout 2 (a workflow node's timeout-ms 2000, not the workflow's own 10000): TorchServe 0.12 can drop a
+    # node's answer, most of all on a starved frontend (docs/serving.md, "The workflow loses responses"), and a
+    # dropped answer is then asked again inside the point's 6.5 s of load. Once in a make test run (run 32, beside
+    # the GPU bundle's xz), both connections of seg_jpeg waited on one and the point failed: "none answered".
     args = ["bench", str(suite), "--results", str(base / "results"), "--weights", str(trained_weights)]
     assert main(args) == 0
     (folder,) = (base / "results" / "two").iterdir()
@@ -85,6 +89,7 @@ def test_report_and_best_config(result_dir):
     assert "## Best configuration" in report and "seg_jpeg" in report
     spec = yaml.safe_load((folder / "best" / "seg_jpeg.yaml").read_text())
     assert spec["models"]["batch-size"] == 4 and spec["dag"] == {"seg": ["jpeg"]}
+    assert spec["models"]["timeout-ms"] == 2000  # the suite's response_timeout, as the measured .war had it
     assert "disable_token_authorization=false" in (folder / "best" / "config.properties").read_text()
 
 

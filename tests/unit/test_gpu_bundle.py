@@ -1,10 +1,12 @@
 """The GPU bundle (make gpu-bundle): built here, under its size limit, and its run.sh run as a dry run without CUDA;
 the summary's goals computed from a GPU run's numbers."""
 
+import json
 import os
 import subprocess
+import sys
 
-from segserve.gpu.summary import _goals, summary_text
+from segserve.gpu.summary import _goals, summary_text, write_summary
 from tests.conftest import ROOT
 
 
@@ -19,6 +21,31 @@ def test_run_sh_refuses_an_unknown_argument_with_its_usage():
     run = subprocess.run([str(ROOT / "segserve" / "gpu" / "run.sh"), "--gpu"], capture_output=True, text=True, timeout=30)
     assert run.returncode == 2
     assert run.stderr.strip().endswith("run.sh [--dry-run]")
+
+
+def test_run_sh_refuses_steps_it_does_not_have_and_steps_without_an_earlier_work(tmp_path):
+    script = str(ROOT / "segserve" / "gpu" / "run.sh")
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "STEPS": "serve,deploy"}
+    run = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.startswith("run.sh: STEPS: no step 'deploy' (steps: unpack facts"), run.stderr
+    env.update(STEPS="serve", WORK=str(tmp_path / "fresh"))
+    run = subprocess.run([script, "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "runs steps again in the WORK of an earlier run" in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "fresh").exists()  # nothing written
+
+
+def test_a_summary_after_steps_were_run_again_takes_each_steps_last_outcome_in_run_order(tmp_path):
+    """run.sh's STEPS appends the steps it runs again to the earlier run's steps.jsonl (after that run's own summary
+    line): the summary lists each step once, with its last outcome."""
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    lines = [("unpack", 0), ("venv", 0), ("serve", 1), ("bench", 124), ("summary", 0), ("serve", 0), ("bench", 0)]
+    (work / "steps.jsonl").write_text("".join(json.dumps({"step": s, "rc": rc, "seconds": 1.0}) + "\n" for s, rc in lines))
+    (work / "facts.json").write_text('{"dry_run": true, "cuda": false}')
+    assert write_summary(work, out) == 0
+    steps = json.loads((out / "summary.json").read_text())["steps"]
+    assert [(s["step"], s["rc"]) for s in steps] == [("unpack", 0), ("venv", 0), ("serve", 0), ("bench", 0)]
+    assert "steps: unpack ok 1s, venv ok 1s, serve ok 1s, bench ok 1s\n" in (out / "summary.txt").read_text()
 
 
 def gpu_run(seg_rps, jpeg_rps, workflow_rps, fused_rps, seg_copied=114688.0, fused_copied=6000.0) -> dict:

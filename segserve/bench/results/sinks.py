@@ -126,6 +126,8 @@ class Best(Sink):
         spec = yaml.safe_load(dag.spec_path.read_text())
         spec["models"]["batch-size"] = chosen["batch_size"]
         spec["models"]["max-batch-delay"] = chosen["max_batch_delay_ms"]
+        if chosen.get("response_timeout") is not None:  # what the point's .war had (plan.spec_entry): seconds → timeout-ms
+            spec["models"]["timeout-ms"] = chosen["response_timeout"] * 1000
         for node in dag.nodes:
             workers = chosen.get(f"{node}_workers") or chosen["workers"]
             entry = spec["models"][node]
@@ -133,6 +135,8 @@ class Best(Sink):
             for key, param in (("batch-size", "batch_size"), ("max-batch-delay", "max_batch_delay_ms")):
                 if chosen.get(f"{node}_{param}") is not None:
                     entry[key] = chosen[f"{node}_{param}"]
+            if chosen.get(f"{node}_response_timeout") is not None:
+                entry["timeout-ms"] = chosen[f"{node}_response_timeout"] * 1000
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
 
