@@ -30,6 +30,11 @@ PYTHON_ERROR = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception): .*)$")  # `Modu
 SCALE_RACES = ("ConcurrentModificationException", "NullPointerException")
 
 
+# JVM options for the frontend of every TorchServe started here (config.properties' vmargs, which it replaces; a
+# config_overrides vmargs wins). The tests set it (tests/conftest.py, TEST_VMARGS): their frontends live a minute.
+VMARGS_ENV = "SEGSERVE_TS_VMARGS"
+
+
 class PortTaken(RuntimeFailure):
     """A port of the server's config was in use when it started."""
 
@@ -113,7 +118,7 @@ class TorchServe:
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
         logs.mkdir(exist_ok=True)
-        overrides = dict(self.config_overrides)
+        overrides = ({"vmargs": os.environ[VMARGS_ENV]} if os.environ.get(VMARGS_ENV) else {}) | self.config_overrides
         if self.free_ports or self.port_base:  # a second instance: move every port it opens
             overrides.update(loopback_ports(None if self.free_ports else self.port_base))
             overrides["initial_worker_port"] = str(free_worker_port_base())

@@ -14,7 +14,7 @@ from segserve.cli import main
 from segserve.errors import RuntimeFailure
 from segserve.serving import processes
 from segserve.serving.server import TorchServe
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TEST_VMARGS
 
 CONFIG = ROOT / "config.properties"
 
@@ -240,6 +240,10 @@ def test_stop_ends_frontend_and_workers_after_the_launcher_died(model_store, tmp
         roles = pids_by_role(server.run_dir)
         (launcher,), (frontend,) = roles["launcher"], roles["frontend"]
         assert sorted(roles["worker"]) == sorted(workers)
+        # the frontend's JVM options come from SEGSERVE_TS_VMARGS (the tests' TEST_VMARGS), through config.properties
+        java = psutil.Process(frontend).cmdline()
+        assert java[0].endswith("java") and set(TEST_VMARGS.split()) <= set(java), java
+        assert f"vmargs={TEST_VMARGS}" in server.config_path.read_text().splitlines()
         os.kill(launcher, signal.SIGKILL)
         wait_for(lambda: gone(launcher))
         assert not gone(frontend) and server.call("inference", "GET", "/ping").status == 200
