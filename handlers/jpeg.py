@@ -5,9 +5,9 @@ on the CPU, nvJPEG when the worker has a GPU (then only the JPEG bytes
 cross to the host).
 """
 
-# An archive's top-level handler is a copy of this file, imported before the handlers package: the package's
-# __init__ must run first, as it imports torchvision without torch._dynamo (about 2 s of a worker's start).
-import handlers  # noqa: F401
+# First, before torchvision (also in an archive, whose top-level handler is a copy of this file): torchvision
+# without torch._dynamo, about 2 s of a worker's start (handlers/light_torchvision.py).
+import handlers.light_torchvision  # noqa: F401
 
 # isort: split
 import base64

@@ -6,9 +6,9 @@ normalised). Answers a class map (see classmap.py): argmax is taken on the
 device, so only 1 byte per model pixel leaves the worker, never logits.
 """
 
-# An archive's top-level handler is a copy of this file, imported before the handlers package: the package's
-# __init__ must run first, as it imports torchvision without torch._dynamo (about 2 s of a worker's start).
-import handlers  # noqa: F401
+# First, before torchvision (also in an archive, whose top-level handler is a copy of this file): torchvision
+# without torch._dynamo, about 2 s of a worker's start (handlers/light_torchvision.py).
+import handlers.light_torchvision  # noqa: F401
 
 # isort: split
 import io

@@ -4,6 +4,9 @@ Built from torchvision parts only, so an archive that carries a state_dict
 can rebuild the network with nothing but torchvision installed.
 """
 
+import handlers.light_torchvision  # noqa: F401 (first, before torchvision: see there)
+
+# isort: split
 import torch
 from torch import nn
 from torchvision.models import mobilenet_v3_large, mobilenet_v3_small

@@ -1,5 +1,8 @@
 """The `segserve` command as a user runs it."""
 
+import subprocess
+import sys
+
 from segserve.cli import main
 from tests.conftest import ROOT
 
@@ -86,3 +89,12 @@ def test_free_ports_lie_below_the_ephemeral_range_and_a_port_another_process_cla
         other.communicate("\n", timeout=30)
     monkeypatch.setattr(ts_config, "_HANDED_OUT_PORTS", {})
     assert ts_config.free_port() == theirs  # the other process ended: its claim went with it
+
+
+def test_the_cli_starts_without_torch():
+    """`segserve` is a short-lived process (scale, token, serve --stop, the doc check's walkthroughs): reading the
+    catalog's DAGs and parsing arguments import no torch (1.5 s); a command that needs it imports it itself."""
+    heavy = "('torch', 'torchvision', 'numpy')"
+    check = f"import sys, segserve.cli; segserve.cli.parser(); print(sorted(m for m in {heavy} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]

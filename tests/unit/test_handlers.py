@@ -280,3 +280,7 @@ def test_a_worker_imports_the_handlers_without_torch_dynamo_and_can_still_compil
         "compiles: [3.0, 3.0]",
         "torchvision's helper: True",
     ], done.stdout + done.stderr[-2000:]
+    # the network alone, as the bare forward imports it
+    check = "import sys, handlers.segnet; print('torch._dynamo' in sys.modules, 'torchvision' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout.split() == ["False", "True"], done.stdout + done.stderr[-2000:]
