@@ -8,6 +8,7 @@ samples/shapes_0.jpg on /wfpredict/seg_jpeg for --load-s, stop; print the fronte
 """
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -25,7 +26,7 @@ from segserve.serving.server import VMARGS_ENV, TorchServe  # noqa: E402
 
 def life(vmargs: str, load_s: float) -> str:
     run_dir = Path(tempfile.mkdtemp(prefix="segserve-jvm-"))
-    # the options as config_overrides, which win over SEGSERVE_TS_VMARGS; '' → no vmargs key at all
+    # '' → no vmargs key at all: the JVM's defaults
     server = TorchServe(
         run_dir, ROOT / "model_store", ROOT / "config.properties", free_ports=True, config_overrides={"vmargs": vmargs} if vmargs else {}
     )
@@ -66,7 +67,8 @@ def main() -> int:
     if not (ROOT / "model_store" / "seg_jpeg.war").exists():
         print("error: no model_store/seg_jpeg.war: run `segserve build` first", file=sys.stderr)
         return 2
-    print(f"{VMARGS_ENV} in this environment is overridden per run; cores: {len(psutil.Process().cpu_affinity())}")
+    os.environ.pop(VMARGS_ENV, None)  # '' measures the JVM's own defaults, whatever this shell sets
+    print(f"cores: {len(psutil.Process().cpu_affinity())}")
     for _ in range(args.rounds):
         for vmargs in args.vmargs:
             print(life(vmargs, args.load_s), flush=True)

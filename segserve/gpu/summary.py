@@ -194,8 +194,7 @@ def write_summary(work: Path, out: Path) -> int:
     # a step run again (run.sh's STEPS) appends its line: the last one per step stands, in run order; an earlier
     # run's own summary line is not a step of this one
     recorded = {}
-    for line in (work / "steps.jsonl").read_text().splitlines():
-        step = json.loads(line) if line.strip() else {"step": "summary"}
+    for step in map(json.loads, filter(str.strip, (work / "steps.jsonl").read_text().splitlines())):
         if step["step"] != "summary":
             recorded[step["step"]] = step
     steps = list(recorded.values())

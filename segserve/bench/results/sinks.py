@@ -126,17 +126,17 @@ class Best(Sink):
         spec = yaml.safe_load(dag.spec_path.read_text())
         spec["models"]["batch-size"] = chosen["batch_size"]
         spec["models"]["max-batch-delay"] = chosen["max_batch_delay_ms"]
-        if chosen.get("response_timeout") is not None:  # what the point's .war had (plan.spec_entry): seconds → timeout-ms
+        # the spec's keys as the point's .war had them (plan.spec_entry): a response timeout in seconds is timeout-ms
+        keys = (("batch-size", "batch_size", 1), ("max-batch-delay", "max_batch_delay_ms", 1), ("timeout-ms", "response_timeout", 1000))
+        if chosen.get("response_timeout") is not None:
             spec["models"]["timeout-ms"] = chosen["response_timeout"] * 1000
         for node in dag.nodes:
             workers = chosen.get(f"{node}_workers") or chosen["workers"]
             entry = spec["models"][node]
             entry.update({"min-workers": workers, "max-workers": workers})
-            for key, param in (("batch-size", "batch_size"), ("max-batch-delay", "max_batch_delay_ms")):
+            for key, param, scale in keys:
                 if chosen.get(f"{node}_{param}") is not None:
-                    entry[key] = chosen[f"{node}_{param}"]
-            if chosen.get(f"{node}_response_timeout") is not None:
-                entry["timeout-ms"] = chosen[f"{node}_response_timeout"] * 1000
+                    entry[key] = chosen[f"{node}_{param}"] * scale
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
 
