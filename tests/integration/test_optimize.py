@@ -31,18 +31,20 @@ def test_int8_program_serves_batches_of_every_size_without_compiling_again(int8_
     from handlers.optimize import int8_kernels
 
     handler = SegmentationHandler()
-    context = worker_context(int8_program.parent, {"optimize": "int8", **SMALL}, int8_program.name, rows=3)
+    # batch size 2: buckets 1 and 2. Each bucket is one cold compile of about 70 C++ kernels (35–60 s on 2 cores
+    # with an empty inductor cache, as on CI); the bucket arithmetic itself is tests/unit/test_optimize.py's
+    context = worker_context(int8_program.parent, {"optimize": "int8", **SMALL}, int8_program.name, rows=2)
     before = int8_kernels()["int8_convolutions"]
     with caplog.at_level(logging.INFO, logger="handlers.segmentation"):
         handler.initialize(context)
-    assert handler.buckets == (1, 2, 3)
+    assert handler.buckets == (1, 2)
     # the worker runs int8 kernels, not its (de)quantize ops around fp32 ones: inductor matched int8 convolutions
     # in each compiled bucket (counted by its pattern passes), and the worker's log says how many
-    assert int8_kernels()["int8_convolutions"] - before >= 3, int8_kernels()
+    assert int8_kernels()["int8_convolutions"] - before >= len(handler.buckets), int8_kernels()
     assert any(r.getMessage().startswith("int8: {'int8_convolutions': ") and r.levelno == logging.INFO for r in caplog.records)
     graphs = counters["stats"]["unique_graphs"]
-    bodies = [encode_jpeg(make_sample(seed, 64, 96)[0]).numpy().tobytes() for seed in range(3)]
-    for rows in (3, 1, 2):
+    bodies = [encode_jpeg(make_sample(seed, 64, 96)[0]).numpy().tobytes() for seed in range(2)]
+    for rows in (2, 1, 2):
         out = handler.handle([{"body": b} for b in bodies[:rows]], worker_context(None, {}, rows=rows))
         assert len(out) == rows and all(isinstance(o, bytes) for o in out)
     assert counters["stats"]["unique_graphs"] == graphs
