@@ -21,6 +21,10 @@ from segserve.bench.suite.spec import Suite
 from segserve.machine.identity import label
 from segserve.serving.ts_config import render_config
 
+# A DAG spec's keys as the point's .war had them (plan.spec_entry): (spec key, record param, scale); a response
+# timeout in seconds is timeout-ms
+SPEC_KEYS = (("batch-size", "batch_size", 1), ("max-batch-delay", "max_batch_delay_ms", 1), ("timeout-ms", "response_timeout", 1000))
+
 
 @dataclass
 class FinishedRun:
@@ -124,19 +128,14 @@ class Best(Sink):
             return
         dag = self.catalog.dags[target.dag]
         spec = yaml.safe_load(dag.spec_path.read_text())
-        spec["models"]["batch-size"] = chosen["batch_size"]
-        spec["models"]["max-batch-delay"] = chosen["max_batch_delay_ms"]
-        # the spec's keys as the point's .war had them (plan.spec_entry): a response timeout in seconds is timeout-ms
-        keys = (("batch-size", "batch_size", 1), ("max-batch-delay", "max_batch_delay_ms", 1), ("timeout-ms", "response_timeout", 1000))
-        if chosen.get("response_timeout") is not None:
-            spec["models"]["timeout-ms"] = chosen["response_timeout"] * 1000
+        # DAG-wide, then each node's own (a node's param is <node>_<param>)
+        for entry, prefix in [(spec["models"], ""), *((spec["models"][node], f"{node}_") for node in dag.nodes)]:
+            for key, param, scale in SPEC_KEYS:
+                if chosen.get(prefix + param) is not None:
+                    entry[key] = chosen[prefix + param] * scale
         for node in dag.nodes:
             workers = chosen.get(f"{node}_workers") or chosen["workers"]
-            entry = spec["models"][node]
-            entry.update({"min-workers": workers, "max-workers": workers})
-            for key, param, scale in keys:
-                if chosen.get(f"{node}_{param}") is not None:
-                    entry[key] = chosen[f"{node}_{param}"] * scale
+            spec["models"][node].update({"min-workers": workers, "max-workers": workers})
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
 
