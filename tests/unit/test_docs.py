@@ -4,12 +4,22 @@ validator flags a typo with it, and every documented command is run here or by a
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
 from segserve.docs import doccheck
 from segserve.docs import reference as docs
 from tests.conftest import ROOT
+
+
+def schema_validator() -> str:
+    """check-jsonschema (an editor's validator; setup-dev installs it) beside the tests' Python, in the project's venv
+    or on PATH."""
+    for folder in (str(Path(sys.executable).parent), str(ROOT / ".venv" / "bin"), None):
+        if found := shutil.which("check-jsonschema", path=folder):
+            return found
+    raise AssertionError("check-jsonschema is not installed: run `make setup-dev`")
 
 
 def test_generated_reference_pages_and_the_schema_are_up_to_date():
@@ -26,7 +36,7 @@ def test_the_cli_reference_names_every_command_and_the_suite_reference_every_pha
 
 
 def test_every_suite_starts_with_the_schema_comment_and_validates_against_the_schema():
-    validator = shutil.which("check-jsonschema", path=str(ROOT / ".venv" / "bin")) or shutil.which("check-jsonschema")
+    validator = schema_validator()
     suites = sorted((ROOT / "benchmarks").glob("*.yaml"))
     assert suites
     for suite in suites:
@@ -37,7 +47,7 @@ def test_every_suite_starts_with_the_schema_comment_and_validates_against_the_sc
 
 
 def test_a_typo_in_a_suite_is_flagged_by_a_json_schema_validator(tmp_path):
-    validator = shutil.which("check-jsonschema", path=str(ROOT / ".venv" / "bin")) or shutil.which("check-jsonschema")
+    validator = schema_validator()
     typo = tmp_path / "typo.yaml"
     typo.write_text('targets: [seg_jpeg]\ninputs:\n  - images: ["samples/*.jpg"]\ngrid:\n  archive: {batch_sise: [8]}\n')
     done = subprocess.run([validator, "--schemafile", str(ROOT / docs.SCHEMA_FILE), str(typo)], capture_output=True, text=True)
