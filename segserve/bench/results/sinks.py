@@ -16,14 +16,19 @@ from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
 from segserve.bench.results.report import write_report
 from segserve.bench.results.store import write_summary
+from segserve.bench.suite.params import PARAMS
 from segserve.bench.suite.plan import spec_entry
 from segserve.bench.suite.spec import Suite
 from segserve.machine.identity import label
 from segserve.serving.ts_config import render_config
 
-# A DAG spec's keys as the point's .war had them (plan.spec_entry): (spec key, record param, scale); a response
-# timeout in seconds is timeout-ms
-SPEC_KEYS = (("batch-size", "batch_size", 1), ("max-batch-delay", "max_batch_delay_ms", 1), ("timeout-ms", "response_timeout", 1000))
+# The registration values a record holds: (TorchServe's registration key, the record's param), from the params' table
+REGISTRATION_PARAMS = tuple((p.registration, p.name) for p in PARAMS.values() if p.registration)
+
+
+def registration_of(chosen: dict, prefix: str = "") -> dict:
+    """The registration values of a record, DAG-wide or of one node (prefix `<node>_`), as plan.spec_entry takes them."""
+    return {key: chosen[prefix + name] for key, name in REGISTRATION_PARAMS if chosen.get(prefix + name) is not None}
 
 
 @dataclass
@@ -128,14 +133,11 @@ class Best(Sink):
             return
         dag = self.catalog.dags[target.dag]
         spec = yaml.safe_load(dag.spec_path.read_text())
-        # DAG-wide, then each node's own (a node's param is <node>_<param>)
-        for entry, prefix in [(spec["models"], ""), *((spec["models"][node], f"{node}_") for node in dag.nodes)]:
-            for key, param, scale in SPEC_KEYS:
-                if chosen.get(prefix + param) is not None:
-                    entry[key] = chosen[prefix + param] * scale
+        # DAG-wide, then each node's own (a node's param is <node>_<param>), as the point's .war had them
+        spec["models"].update(spec_entry(registration_of(chosen), None))
         for node in dag.nodes:
             workers = chosen.get(f"{node}_workers") or chosen["workers"]
-            spec["models"][node].update({"min-workers": workers, "max-workers": workers})
+            spec["models"][node].update(spec_entry(registration_of(chosen, f"{node}_"), workers))
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
 
@@ -164,8 +166,7 @@ class Best(Sink):
         else:
             nodes = {}
             for node in foreign.nodes:
-                keys = {"batch-size": "batch_size", "max-batch-delay": "max_batch_delay_ms", "response-timeout": "response_timeout"}
-                registration = {key: value(node, param) for key, param in keys.items() if value(node, param) is not None}
+                registration = {key: value(node, name) for key, name in REGISTRATION_PARAMS if value(node, name) is not None}
                 nodes[node] = spec_entry(registration, value(node, "workers"))
             (best_dir / f"{target.name}.yaml").write_text(header + yaml.safe_dump(foreign.spec_with(nodes), sort_keys=False))
             calls = [
