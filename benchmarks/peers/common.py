@@ -10,6 +10,7 @@ torch through a .pth file: `make setup-peers`).
 """
 
 import argparse
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -35,6 +36,7 @@ WEIGHTS_DESCRIPTION = REPO_ROOT / "weights" / "seg.json"  # what the weights are
 SPEC = REPO_ROOT / "workflows" / "seg_jpeg.yaml"
 NODE_CONFIGS = {"seg": REPO_ROOT / "model_config" / "seg.yaml", "jpeg": REPO_ROOT / "model_config" / "jpeg.yaml"}
 JPEG_TYPE = "image/jpeg"
+OPTIMIZE_CHOICES = ("eager", "int8")  # segserve's network variants a peer can run as well (its archives' optimize)
 
 
 def threads_for(workers: int) -> int:
@@ -43,30 +45,58 @@ def threads_for(workers: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // max(workers, 1))
 
 
-def stage_model_dir(directory: Path) -> Path:
+def int8_program(settings: dict) -> Path:
+    """segserve's int8 program of the weights for these seg handler settings, as `segserve build` makes it for an
+    int8 archive (segserve/model/quantize.py: the same calibration images, so the same program), built once and
+    kept in the temp folder: a peer's workers and instances, and its later starts, load the same file."""
+    from segserve.model.quantize import quantize_int8
+
+    keys = {k: settings[k] for k in ("backbone", "num_classes", "input_height", "input_width") if settings.get(k) is not None}
+    digest = hashlib.sha1(WEIGHTS.read_bytes() + json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
+    program = Path(tempfile.gettempdir()) / "segserve-peer-int8" / f"seg-int8-{digest}.pt2"
+    if not program.exists():
+        partial = program.with_name(f"{program.stem}.{os.getpid()}.pt2")  # a worker beside this one may build it too
+        quantize_int8(WEIGHTS, keys, partial)
+        partial.replace(program)
+    return program
+
+
+def stage_model_dir(directory: Path, optimize: str = "eager") -> Path:
     """A model directory laid out as `segserve build` lays out the fused archive seg_jpeg_fused.mar: the workflow's
-    spec, each node's model config under nodes/, and the weights; the weights' own description (seg.json) names
-    the backbone and class count, as `segserve build --backbone/--num-classes` would."""
+    spec, each node's model config under nodes/, and the weights (or, for `optimize: int8`, the int8 program in
+    their place, as in segserve's int8 archive); the weights' own description (seg.json) names the backbone and
+    class count, as `segserve build --backbone/--num-classes` would."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "nodes").mkdir(exist_ok=True)
     shutil.copy2(SPEC, directory / SPEC.name)
     described = json.loads(WEIGHTS_DESCRIPTION.read_text())
+    serialized = WEIGHTS
     for stem, path in NODE_CONFIGS.items():
         config = yaml.safe_load(path.read_text())
         if (config.get("segserve") or {}).get("weights"):
             config["handler"].update(backbone=described["backbone"], num_classes=described["num_classes"])
+            if optimize != "eager":
+                config["handler"]["optimize"] = optimize
+            if optimize == "int8":
+                serialized = int8_program(config["handler"])
         (directory / "nodes" / f"{stem}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    target = directory / "seg.pt"
+    target = directory / serialized_name(optimize)
     if not target.exists():
-        target.symlink_to(WEIGHTS)
+        target.symlink_to(serialized)
     return directory
 
 
-def load_handler(kind: str, max_batch_size: int, threads: int, model_dir: Path | None = None) -> SegserveHandler:
+def serialized_name(optimize: str) -> str:
+    """The model directory's serialized file: the weights, or the int8 program."""
+    return "seg-int8.pt2" if optimize == "int8" else "seg.pt"
+
+
+def load_handler(kind: str, max_batch_size: int, threads: int, model_dir: Path | None = None, optimize: str = "eager") -> SegserveHandler:
     """segserve's handler for `kind`: "fused" (the whole seg → JPEG DAG in one worker, handlers/pipeline.py),
     "seg" (image → packed class map) or "jpeg" (packed class map → JPEG), initialised as a TorchServe worker
-    initialises it (the node's model-config handler settings, this batch size, this many torch threads)."""
-    model_dir = model_dir or stage_model_dir(Path(tempfile.mkdtemp(prefix="segserve-peer-")))
+    initialises it (the node's model-config handler settings, this batch size, this many torch threads; `optimize`
+    the network variant, as segserve's archive of that variant carries it: int8 compiles its batch buckets here)."""
+    model_dir = model_dir or stage_model_dir(Path(tempfile.mkdtemp(prefix="segserve-peer-")), optimize)
     if kind == "fused":
         handler, settings = PipelineHandler(), {"spec": SPEC.name}
     elif kind in NODE_CONFIGS:
@@ -77,7 +107,7 @@ def load_handler(kind: str, max_batch_size: int, threads: int, model_dir: Path |
     settings["threads"] = threads
     context = types.SimpleNamespace(
         system_properties={"model_dir": str(model_dir), "gpu_id": None, "batch_size": max_batch_size},
-        manifest={"model": {"serializedFile": "seg.pt"}},
+        manifest={"model": {"serializedFile": serialized_name(optimize)}},
         model_yaml_config={"handler": settings},
         metrics=None,
     )
@@ -95,13 +125,19 @@ def http_answer(result) -> tuple[int, str, bytes]:
 
 
 def arguments(peer: str, description: str, defaults: dict, extra=None) -> argparse.Namespace:
-    """The command line every app takes: --port (HTTP), --max-batch-size, --batch-timeout-s, --workers; `extra`
-    adds the peer's own flags to the parser."""
+    """The command line every app takes: --port (HTTP), --max-batch-size, --batch-timeout-s, --workers, --optimize;
+    `extra` adds the peer's own flags to the parser."""
     parser = argparse.ArgumentParser(prog=f"{peer}_app.py", description=description)
     parser.add_argument("--port", type=int, required=True, help="the HTTP port the benchmark talks to (loopback)")
     parser.add_argument("--max-batch-size", type=int, default=defaults["max_batch_size"], help="largest batch the server forms")
     parser.add_argument("--batch-timeout-s", type=float, default=defaults["batch_timeout_s"], help="longest wait for a batch to fill")
     parser.add_argument("--workers", type=int, default=defaults["workers"], help=defaults["workers_help"])
+    parser.add_argument(
+        "--optimize",
+        choices=OPTIMIZE_CHOICES,
+        default="eager",
+        help="the network variant: eager, or segserve's int8 program (built at the first start, then kept in the temp folder)",
+    )
     if extra:
         extra(parser)
     args = parser.parse_args()

@@ -1,7 +1,7 @@
 """The seg → JPEG pipeline on LitServe: POST /predict (raw JPEG body) → 200 image/jpeg; GET /health.
 
     .peers/litserve/bin/python benchmarks/peers/litserve_app.py --port 8080 [--max-batch-size 8]
-        [--batch-timeout-s 0.01] [--workers 2]
+        [--batch-timeout-s 0.01] [--workers 2] [--optimize eager|int8]
 
 LitServe forms the batch (max_batch_size, batch_timeout) in each of `--workers` inference worker processes
 (workers_per_device on the CPU); one uvicorn API server process per worker (LitServe's default). Each worker runs
@@ -32,12 +32,12 @@ async def raw_body(request: Request) -> bytes:
 
 
 class SegJpegAPI(ls.LitAPI):
-    def __init__(self, workers: int, **batching):
+    def __init__(self, workers: int, optimize: str, **batching):
         super().__init__(**batching)
-        self.workers = workers
+        self.workers, self.optimize = workers, optimize
 
     def setup(self, device):
-        self.handler = load_handler("fused", self.max_batch_size, threads_for(self.workers))
+        self.handler = load_handler("fused", self.max_batch_size, threads_for(self.workers), optimize=self.optimize)
 
     def decode_request(self, request: Annotated[bytes, Depends(raw_body)]) -> bytes:
         return request  # decoded with its batch-mates in predict, as segserve's handler decodes its rows
@@ -60,9 +60,9 @@ class SegJpegAPI(ls.LitAPI):
 def main() -> None:
     args = arguments("litserve", __doc__.splitlines()[0], DEFAULTS)
     settings = {"max_batch_size": args.max_batch_size, "batch_timeout_s": args.batch_timeout_s, "workers_per_device": args.workers,
-                "threads_per_worker": threads_for(args.workers)}  # fmt: skip
+                "threads_per_worker": threads_for(args.workers), "optimize": args.optimize}  # fmt: skip
     print_versions("litserve", ["litserve", "fastapi", "uvicorn"], settings)
-    api = SegJpegAPI(args.workers, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout_s)
+    api = SegJpegAPI(args.workers, args.optimize, max_batch_size=args.max_batch_size, batch_timeout=args.batch_timeout_s)
     server = ls.LitServer(api, accelerator="cpu", workers_per_device=args.workers, timeout=60)
     # SIGTERM as Ctrl+C: LitServer.run() shuts its workers down on KeyboardInterrupt
     signal.signal(signal.SIGTERM, signal.default_int_handler)

@@ -1,7 +1,7 @@
 """The seg → JPEG pipeline on Ray Serve: POST /predict (raw JPEG body) → 200 image/jpeg; GET /health.
 
     .peers/ray/bin/python benchmarks/peers/ray_app.py --port 8080 [--max-batch-size 8] [--batch-timeout-s 0.01]
-        [--workers 1] [--autoscale] [--max-ongoing-requests N]
+        [--workers 1] [--autoscale] [--max-ongoing-requests N] [--optimize eager|int8]
 
 Two deployments composed with a DeploymentHandle, as segserve's workflow chains two models: `Seg` (the HTTP
 ingress: image → packed class map, @serve.batch) hands each class map to `Jpeg` (class map → JPEG, @serve.batch),
@@ -75,7 +75,7 @@ def build_app(args):
     class Seg:
         def __init__(self, jpeg):
             self.jpeg = jpeg
-            self.handler = load_handler("seg", args.max_batch_size, threads)
+            self.handler = load_handler("seg", args.max_batch_size, threads, optimize=args.optimize)
 
         @serve.batch(**batching)
         async def segment(self, bodies: list[bytes]) -> list:
@@ -172,7 +172,7 @@ def drive(temp_dir: str) -> int:
     args = arguments("ray", __doc__.splitlines()[0], DEFAULTS, extra_flags)
     settings = {"max_batch_size": args.max_batch_size, "batch_wait_timeout_s": args.batch_timeout_s, "replicas": args.workers,
                 "autoscale": args.autoscale, "max_ongoing_requests": args.max_ongoing_requests or 2 * args.max_batch_size,
-                "threads_per_replica": threads_for(args.workers)}  # fmt: skip
+                "threads_per_replica": threads_for(args.workers), "optimize": args.optimize}  # fmt: skip
     print_versions("ray", ["ray", "fastapi", "uvicorn"], settings)
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # workers start from Ray's own folders: they find handlers/ and benchmarks/ through PYTHONPATH, inherited from here

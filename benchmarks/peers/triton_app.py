@@ -3,7 +3,7 @@
 GET /v2/health/ready.
 
     .peers/triton/bin/python benchmarks/peers/triton_app.py --port 8000 [--max-batch-size 8]
-        [--batch-timeout-s 0.0] [--workers 1] [--grpc-port P] [--metrics-port P]
+        [--batch-timeout-s 0.0] [--workers 1] [--optimize eager|int8] [--grpc-port P] [--metrics-port P]
 
 Triton's dynamic batcher (max_queue_delay_microseconds = --batch-timeout-s, max_batch_size) hands batches to
 --workers model instances (PyTriton: one inference callable per instance, each a thread of this process, each
@@ -69,10 +69,10 @@ def main() -> None:
     args = arguments("triton", __doc__.splitlines()[0], DEFAULTS, extra_flags)
     delay_us = round(args.batch_timeout_s * 1e6)
     settings = {"max_batch_size": args.max_batch_size, "max_queue_delay_microseconds": delay_us, "instances": args.workers,
-                "threads": threads_for(args.workers)}  # fmt: skip
+                "threads": threads_for(args.workers), "optimize": args.optimize}  # fmt: skip
     print_versions("triton", ["nvidia-pytriton", "tritonclient"], settings)
     own_libpython_first()
-    handlers = [load_handler("fused", args.max_batch_size, threads_for(args.workers)) for _ in range(args.workers)]
+    handlers = [load_handler("fused", args.max_batch_size, threads_for(args.workers), optimize=args.optimize) for _ in range(args.workers)]
     config = TritonConfig(
         http_address="127.0.0.1",
         http_port=args.port,

@@ -35,7 +35,7 @@ KNOBS = {
     "ray": ["--max-batch-size", "4", "--batch-timeout-s", "0.01", "--workers", "1"],
     "triton": ["--max-batch-size", "4", "--batch-timeout-s", "0.001", "--workers", "1"],
 }
-STARTUP_TIMEOUT_S = 180
+STARTUP_TIMEOUT_S = 300  # int8: its program built, then each batch size compiled (~2 min on 2 cores)
 STOP_TIMEOUT_S = 30
 NOT_AN_IMAGE = b"this is not an image"
 
@@ -86,9 +86,9 @@ class PeerServer:
         self.seen: dict[int, psutil.Process] = {}  # every process of the app seen while it ran (Ray's driver has its own session)
         self.temp_dirs: set[str] = set()
 
-    def start(self) -> float:
+    def start(self, *flags: str) -> float:
         self.port = free_port()
-        command = [str(self.python), f"benchmarks/peers/{self.peer}_app.py", "--port", str(self.port), *KNOBS[self.peer]]
+        command = [str(self.python), f"benchmarks/peers/{self.peer}_app.py", "--port", str(self.port), *KNOBS[self.peer], *flags]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         started, deadline = time.monotonic(), time.monotonic() + STARTUP_TIMEOUT_S
@@ -196,6 +196,42 @@ def test_peer_answers_segserve_bytes_and_stops_clean(peer, segserve_answers, tmp
     assert code == 0, f"{peer} exited with {code} on SIGTERM:\n{server.log_tail()}"
     assert left == [], f"{peer} left processes running after SIGTERM: {left}"
     assert all(not Path(d).exists() for d in server.temp_dirs), f"Ray's temporary folder was not removed: {server.temp_dirs}"
+
+
+def test_triton_with_segserves_int8_program_answers_the_bytes_of_segserves_int8_archive(tmp_path, trained_weights):
+    """`--optimize int8` (benchmarks/peers_int8.yaml): the peer builds the program as `segserve build` does for an
+    int8 fused archive, so Triton answers what that archive's handler answers, byte for byte."""
+    if not (ROOT / ".peers" / "triton" / ".installed").exists():
+        pytest.skip(".peers/triton is missing: make setup-peers (make test-peers runs it)")
+    from segserve.archives.build import Recipe
+    from segserve.archives.catalog import Catalog
+
+    catalog = Catalog(ROOT)
+    (tmp_path / "store").mkdir()
+    recipe = Recipe(catalog, trained_weights, tmp_path / "store", tmp_path / "staging", log=lambda _: None)
+    archive = recipe.fused_archive(catalog.dags["seg_jpeg"], "fused-int8", {"seg": {"optimize": "int8"}}, {})
+    model_dir = tmp_path / "fused-int8"
+    zipfile.ZipFile(archive).extractall(model_dir)
+    manifest = yaml.safe_load((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    settings = yaml.safe_load((model_dir / manifest["model"]["configFile"]).read_text())["handler"]
+    # the peer's one instance runs torch on every core: so does this handler (int8 kernels are compiled per thread count)
+    context = worker_context(model_dir, {**settings, "threads": 0}, manifest["model"]["serializedFile"], rows=len(SAMPLES))
+    handler = PipelineHandler()
+    handler.initialize(context)
+    expected = [bytes(a) for a in handler.handle([{"body": path.read_bytes()} for path in SAMPLES], context)]
+
+    server = PeerServer("triton", tmp_path)
+    try:
+        server.start("--optimize", "int8")
+        assert '"optimize": "int8"' in server.log_path.read_text().splitlines()[0]
+        answers = [predict("triton", server.port, path.read_bytes()) for path in SAMPLES]
+    finally:
+        if server.process is not None:
+            code, _ = server.stop()
+            server.kill()
+    assert [status for status, _, _ in answers] == [200] * len(SAMPLES)
+    assert [answer for _, _, answer in answers] == expected, "Triton (int8) answered other bytes than segserve's int8 archive"
+    assert code == 0
 
 
 def test_triton_request_is_the_documented_format():
