@@ -239,6 +239,7 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
         "seed_fused": 16,
         "seed_fused_rate": 4,
         "seed_goal": 8,
+        "seed_goal_batch": 16,
         "seed_goal_threads": 16,
         "seed_grid": 48,
         "seed_members": 16,
