@@ -10,7 +10,6 @@ torch through a .pth file: `make setup-peers`).
 """
 
 import argparse
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -30,6 +29,7 @@ import yaml  # noqa: E402 (the repository root must be on sys.path first; yaml c
 from handlers.base import BadRequest, SegserveHandler  # noqa: E402
 from handlers.batching import RowFailure  # noqa: E402
 from handlers.pipeline import PipelineHandler, node_handler  # noqa: E402
+from segserve.model.quantize import int8_program  # noqa: E402
 
 WEIGHTS = REPO_ROOT / "weights" / "seg.pt"
 WEIGHTS_DESCRIPTION = REPO_ROOT / "weights" / "seg.json"  # what the weights are: backbone, num_classes
@@ -43,22 +43,6 @@ def threads_for(workers: int) -> int:
     """torch intra-op threads of one worker: the process's cores split evenly among the workers that share them, as
     segserve's SharedCores sizes a TorchServe worker's pool without a core plan (handlers/pinning.py)."""
     return max(1, len(os.sched_getaffinity(0)) // max(workers, 1))
-
-
-def int8_program(settings: dict) -> Path:
-    """segserve's int8 program of the weights for these seg handler settings, as `segserve build` makes it for an
-    int8 archive (segserve/model/quantize.py: the same calibration images, so the same program), built once and
-    kept in the temp folder: a peer's workers and instances, and its later starts, load the same file."""
-    from segserve.model.quantize import quantize_int8
-
-    keys = {k: settings[k] for k in ("backbone", "num_classes", "input_height", "input_width") if settings.get(k) is not None}
-    digest = hashlib.sha1(WEIGHTS.read_bytes() + json.dumps(keys, sort_keys=True).encode()).hexdigest()[:12]
-    program = Path(tempfile.gettempdir()) / "segserve-peer-int8" / f"seg-int8-{digest}.pt2"
-    if not program.exists():
-        partial = program.with_name(f"{program.stem}.{os.getpid()}.pt2")  # a worker beside this one may build it too
-        quantize_int8(WEIGHTS, keys, partial)
-        partial.replace(program)
-    return program
 
 
 def stage_model_dir(directory: Path, optimize: str = "eager") -> Path:
@@ -75,10 +59,10 @@ def stage_model_dir(directory: Path, optimize: str = "eager") -> Path:
         config = yaml.safe_load(path.read_text())
         if (config.get("segserve") or {}).get("weights"):
             config["handler"].update(backbone=described["backbone"], num_classes=described["num_classes"])
-            if optimize != "eager":
-                config["handler"]["optimize"] = optimize
             if optimize == "int8":
-                serialized = int8_program(config["handler"])
+                # built once as `segserve build` builds it, and kept in the temp folder for later starts and workers
+                config["handler"]["optimize"] = optimize
+                serialized = int8_program(WEIGHTS, config["handler"], Path(tempfile.gettempdir()) / "segserve-peer-int8", "seg")
         (directory / "nodes" / f"{stem}.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     target = directory / serialized_name(optimize)
     if not target.exists():

@@ -6,8 +6,6 @@ the same steps by hand. The bench builds its per-point archives with the same `R
 handler settings and registration values of the point.
 """
 
-import hashlib
-import json
 import os
 import shutil
 import subprocess
@@ -124,14 +122,9 @@ class Recipe:
         handler = node_handler_settings(model, settings)
         if handler.get("optimize", "eager") != "int8":
             return self.weights
-        from segserve.model.quantize import quantize_int8  # torchao: only when an int8 archive is asked for
+        from segserve.model.quantize import int8_program  # torchao: only when an int8 archive is asked for
 
-        keys = {k: handler.get(k) for k in ("backbone", "num_classes", "input_height", "input_width")}
-        program = self.staging / "int8" / f"{model.name}-{hashlib.sha1(json.dumps(keys, sort_keys=True).encode()).hexdigest()[:8]}.pt2"
-        if not program.exists():
-            self.log(f"quantising {self.weights.name} to int8 for {model.name} ({keys['input_height']}x{keys['input_width']})")
-            quantize_int8(self.weights, {k: v for k, v in keys.items() if v is not None}, program)
-        return program
+        return int8_program(self.weights, handler, self.staging / "int8", model.name, self.log)
 
     def node_archive(self, model: NodeModel, name: str, settings: dict, registration: dict | None = None) -> Path:
         registration = {**compile_registration(model, settings), **(registration or {})}
