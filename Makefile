@@ -12,10 +12,15 @@ DEV_STAMP := $(VENV)/.installed-dev
 setup: $(STAMP)
 
 # Installed by uv (from PyPI, into the venv): it fetches and unpacks the wheels in parallel, 42 s here where pip
-# took 2 min 13 s for the same versions (torch's CUDA build is 5.5 GB unpacked). Byte-compiled at install, not at
-# first import: where PYTHONDONTWRITEBYTECODE is set (as on the development machines) an uncompiled torch is parsed
-# again by every process that imports it. The venv keeps its pip: the GPU bundle and setup-ipex use it.
-UV := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
+# took 2 min 13 s for the same versions (torch's CUDA build is 5.5 GB unpacked). The venv keeps its pip: the GPU
+# bundle and setup-ipex use it.
+UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
+# Byte-compiled at first import, not at install: --compile-bytecode compiled all of site-packages (50 CPU-s, 29 s of
+# a clean `make test`'s wall before its first test), where a process compiles only what it imports (torch's
+# first import 7 CPU-s more, once: the .pyc files stay in the venv). So the processes make starts must write them:
+# where PYTHONDONTWRITEBYTECODE is set (as on the development and CI machines) an uncompiled torch would be parsed
+# again by every process that imports it.
+unexport PYTHONDONTWRITEBYTECODE
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -42,10 +42,11 @@ def test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step(tmp_path,
     # what the device tool brings back: at most 8 files, none in a subfolder
     assert all(p.is_file() for p in out.iterdir()) and len(list(out.iterdir())) <= 8
 
-    # a second try in the same WORK (STEPS: the rest kept from the run above), out of time: serve, given the 15 s left
-    # after the summary's minute, overran and was stopped with its TorchServe; bench had no time left and was skipped
+    # a second try in the same WORK (STEPS: the rest kept from the run above), out of time: serve, given the ~5 s left
+    # after the summary's minute, overran and was stopped with its TorchServe; bench had no time left and was skipped.
+    # (serve takes 14 s on a quiet 2-core host: with 15 s left, as before, it sometimes finished in time and this failed)
     late = tmp_path / "late"
-    late_env = {**env, "OUT": str(late), "STEPS": "serve,bench", "DEADLINE_S": "75"}
+    late_env = {**env, "OUT": str(late), "STEPS": "serve,bench", "DEADLINE_S": "65"}
     late_run = subprocess.run(
         [str(script), "--dry-run"], env=late_env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
     )
@@ -54,7 +55,7 @@ def test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step(tmp_path,
     assert steps == {"unpack": 0, "facts": 0, "venv": 0, "gpu_tests": 0, "build": 0, "serve": 124, "bench": 124}, steps
     log = (late / "run.log").read_text()
     assert "== unpack: kept from the earlier run" in log and "== bench: SKIPPED" in log
-    assert re.search(r"serve: TIMED OUT after 1[45] s", log), log[-2000:]
+    assert re.search(r"serve: TIMED OUT after [1-5] s", log), log[-2000:]
     assert (late / "summary.txt").read_text().startswith("segserve GPU check: DRY RUN")
     work = tmp_path / "work"
     leftovers = [p.info["cmdline"] for p in psutil.process_iter(["cmdline"]) if str(work) in " ".join(p.info["cmdline"] or [])]
