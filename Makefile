@@ -15,17 +15,22 @@ setup: $(STAMP)
 # took 2 min 13 s for the same versions (torch's CUDA build is 5.5 GB unpacked). The venv keeps its pip: the GPU
 # bundle and setup-ipex use it.
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
-# Byte-compiled at first import, not at install: --compile-bytecode compiled all of site-packages (50 CPU-s, 29 s of
-# a clean `make test`'s wall before its first test), where a process compiles only what it imports (torch's
-# first import 7 CPU-s more, once: the .pyc files stay in the venv). So the processes make starts must write them:
-# where PYTHONDONTWRITEBYTECODE is set (as on the development and CI machines) an uncompiled torch would be parsed
-# again by every process that imports it.
+# Byte-compiled in two parts, not all at install: uv's --compile-bytecode compiled all of site-packages' 15,700 files
+# (50 CPU-s, 28 s of a clean `make test`'s wall before its first test), of which the tests import about 5,600.
+# What every worker and test process imports (torch, torchvision, TorchServe) is compiled at install, in parallel
+# (6.5 s): left to first import, the first processes (pytest's two, their TorchServes' workers) all compiled torch
+# at once. The rest is compiled by the process that first imports it, so the processes make starts must write
+# .pyc files: where PYTHONDONTWRITEBYTECODE is set (as on the development and CI machines) every process would
+# parse them again.
 unexport PYTHONDONTWRITEBYTECODE
+COMPILE_AT_INSTALL := torch torchvision ts
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet 'uv>=0.5'
 	$(UV) -e .
+	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+		$(BIN)/python -m compileall -q -j 0 -x '/py312_intrinsics\.py$$' $(addprefix $$site/,$(COMPILE_AT_INSTALL)) > /dev/null
 	touch $(STAMP)
 
 # The tests' tools (pytest, pytest-xdist, ruff, moto, check-jsonschema, kubernetes) on top. kserve only for its
