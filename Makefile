@@ -12,25 +12,15 @@ DEV_STAMP := $(VENV)/.installed-dev
 setup: $(STAMP)
 
 # Installed by uv (from PyPI, into the venv): it fetches and unpacks the wheels in parallel, 42 s here where pip
-# took 2 min 13 s for the same versions (torch's CUDA build is 5.5 GB unpacked). The venv keeps its pip: the GPU
-# bundle and setup-ipex use it.
-UV := $(BIN)/uv pip install --quiet --python $(BIN)/python
-# Byte-compiled in two parts, not all at install: uv's --compile-bytecode compiled all of site-packages' 15,700 files
-# (50 CPU-s, 28 s of a clean `make test`'s wall before its first test), of which the tests import about 5,600.
-# What every worker and test process imports (torch, torchvision, TorchServe) is compiled at install, in parallel
-# (6.5 s): left to first import, the first processes (pytest's two, their TorchServes' workers) all compiled torch
-# at once. The rest is compiled by the process that first imports it, so the processes make starts must write
-# .pyc files: where PYTHONDONTWRITEBYTECODE is set (as on the development and CI machines) every process would
-# parse them again.
-unexport PYTHONDONTWRITEBYTECODE
-COMPILE_AT_INSTALL := torch torchvision ts
+# took 2 min 13 s for the same versions (torch's CUDA build is 5.5 GB unpacked). Byte-compiled at install, not at
+# first import: where PYTHONDONTWRITEBYTECODE is set (as on the development machines) an uncompiled torch is parsed
+# again by every process that imports it. The venv keeps its pip: the GPU bundle and setup-ipex use it.
+UV := $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet 'uv>=0.5'
 	$(UV) -e .
-	site=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
-		$(BIN)/python -m compileall -q -j 0 -x '/py312_intrinsics\.py$$' $(addprefix $$site/,$(COMPILE_AT_INSTALL)) > /dev/null
 	touch $(STAMP)
 
 # The tests' tools (pytest, pytest-xdist, ruff, moto, check-jsonschema, kubernetes) on top. kserve only for its
