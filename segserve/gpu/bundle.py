@@ -61,18 +61,29 @@ def pinned(name: str) -> str:
 
 def download_wheels(wheels: Path, log=print) -> None:
     """The pinned wheels, fetched by four pip processes at once (one after another they took 22 s, most of it
-    waiting on the index)."""
-    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(wheels)]
+    waiting on the index), each into a folder of its own: psutil's abi3 wheel is the same file for every CPython
+    version, and two pips writing it into one folder at once read each other's half-written file as a bad hash
+    (make test, 2026-12-04). The folders are then merged; a file two of them fetched is kept once."""
     log(f"wheels: {', '.join(PURE_WHEELS)}")
-    commands = [[*pip, *map(pinned, PURE_WHEELS)]]
+    requests = [[*map(pinned, PURE_WHEELS)]]
     platforms = [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     for version in PYTHON_VERSIONS:
         log(f"wheels for CPython {version}: {', '.join(BINARY_WHEELS)}")
-        commands.append([*pip, "--python-version", version, "--implementation", "cp", *platforms, *map(pinned, BINARY_WHEELS)])
+        requests.append(["--python-version", version, "--implementation", "cp", *platforms, *map(pinned, BINARY_WHEELS)])
+    folders = [wheels / f"pip-{index}" for index in range(len(requests))]
+    commands = [
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "-d", str(folder), *request]
+        for folder, request in zip(folders, requests, strict=True)
+    ]
     downloads = [subprocess.Popen(command) for command in commands]
     failed = [command for command, download in zip(commands, downloads, strict=True) if download.wait() != 0]
     if failed:
         raise RuntimeError(f"pip download failed: {' '.join(failed[0])}")
+    for folder in folders:
+        for wheel in folder.iterdir():
+            if not (wheels / wheel.name).exists():
+                wheel.rename(wheels / wheel.name)
+        shutil.rmtree(folder)
     uncompress_torchserve(next(wheels.glob("torchserve-*.whl")))
 
 

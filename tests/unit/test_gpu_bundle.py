@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from segserve.gpu.summary import _goals, summary_text, write_summary
 from tests.conftest import ROOT
@@ -115,3 +116,39 @@ def test_a_run_whose_venv_step_ran_out_of_time_still_gets_its_summary_from_the_s
     text = (out / "summary.txt").read_text()
     assert text.startswith("segserve GPU check: DRY RUN (no CUDA)\n")
     assert "venv FAILED rc=124 4s" in text and "bench FAILED rc=124 0s" in text
+
+
+def test_the_wheel_downloads_run_at_once_each_in_a_folder_of_its_own_and_are_merged(tmp_path, monkeypatch):
+    """psutil's abi3 wheel is the same file for every CPython version: two pips writing it into one folder at once
+    read each other's half-written file as a bad hash (a make test run failed so). Here each fake pip writes what
+    the real ones fetch; a shared folder would show as two commands with the same -d."""
+    from segserve.gpu import bundle
+
+    folders = []
+
+    class FakePip:
+        def __init__(self, command):
+            folder = Path(command[command.index("-d") + 1])
+            folders.append(folder)
+            folder.mkdir(parents=True)
+            names = ["torchserve-0.12.0-py3-none-any.whl"] if "--python-version" not in command else []
+            if "--python-version" in command:
+                version = command[command.index("--python-version") + 1].replace(".", "")
+                names += ["psutil-7.2.2-cp36-abi3-manylinux_2_28_x86_64.whl", f"pyyaml-6.0.4-cp{version}-manylinux_2_28_x86_64.whl"]
+            for name in names:
+                (folder / name).write_bytes(name.encode())
+
+        def wait(self):
+            return 0
+
+    uncompressed = []
+    monkeypatch.setattr(bundle.subprocess, "Popen", FakePip)
+    monkeypatch.setattr(bundle, "uncompress_torchserve", uncompressed.append)
+    wheels = tmp_path / "wheels"
+    bundle.download_wheels(wheels, log=lambda _: None)
+    assert len(folders) == 1 + len(bundle.PYTHON_VERSIONS) and len(set(folders)) == len(folders)
+    assert sorted(p.name for p in wheels.iterdir()) == sorted(
+        ["psutil-7.2.2-cp36-abi3-manylinux_2_28_x86_64.whl", "torchserve-0.12.0-py3-none-any.whl"]
+        + [f"pyyaml-6.0.4-cp{v.replace('.', '')}-manylinux_2_28_x86_64.whl" for v in bundle.PYTHON_VERSIONS]
+    )
+    assert uncompressed == [wheels / "torchserve-0.12.0-py3-none-any.whl"]
