@@ -175,28 +175,34 @@ class TorchServe:
                 start_new_session=True,
             )
         self.pid_path.write_text(str(capture_process.pid))  # for people and scripts; segserve finds the server by its processes
-        deadline = time.monotonic() + startup_timeout_s
-        while time.monotonic() < deadline:
-            if capture_process.poll() is not None:
-                raise self._startup_failure(capture_process.returncode, sizes)
-            try:
-                # /ping needs the inference key too, which exists once the frontend is up.
-                if (
-                    self.key_file.exists()
-                    and request(self.url("inference"), "GET", "/ping", self.token("inference"), timeout_s=2).status == 200
-                ):
-                    if plan is not None:  # the frontend first: workers start from its affinity
-                        from segserve.serving.cores import pin_process
+        # Whatever ends the wait (a failed start, the timeout, the caller's SIGTERM or Ctrl-C), nothing of this start
+        # outlives it: `with TorchServe(...)` never reaches __exit__ when __enter__ raises, and the server runs in a
+        # session of its own (a GPU bundle step stopped by its timeout while TorchServe started left it running).
+        try:
+            deadline = time.monotonic() + startup_timeout_s
+            while time.monotonic() < deadline:
+                if capture_process.poll() is not None:
+                    raise self._startup_failure(capture_process.returncode, sizes)
+                try:
+                    # /ping needs the inference key too, which exists once the frontend is up.
+                    if (
+                        self.key_file.exists()
+                        and request(self.url("inference"), "GET", "/ping", self.token("inference"), timeout_s=2).status == 200
+                    ):
+                        if plan is not None:  # the frontend first: workers start from its affinity
+                            from segserve.serving.cores import pin_process
 
-                        for pid in self.process_ids():
-                            pin_process(pid, plan.frontend)
-                    log(f"TorchServe is up: inference {self.url('inference')}, management {self.url('management')}")
-                    return
-            except (OSError, RuntimeFailure, KeyError):
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail(20)}")
+                            for pid in self.process_ids():
+                                pin_process(pid, plan.frontend)
+                        log(f"TorchServe is up: inference {self.url('inference')}, management {self.url('management')}")
+                        return
+                except (OSError, RuntimeFailure, KeyError):
+                    pass
+                time.sleep(0.5)
+            raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail(20)}")
+        except BaseException:
+            self.stop()
+            raise
 
     def ports(self) -> list[tuple[str, str, int]]:
         """(config key, host, port) of each TCP port the server listens on, from run_dir/config.properties."""

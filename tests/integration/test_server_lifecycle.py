@@ -302,3 +302,28 @@ def test_serve_clears_the_workers_a_killed_frontend_left_and_starts(model_store,
         assert gone(worker) and server.call("inference", "GET", "/ping").status == 200
     finally:
         server.stop()
+
+
+def test_a_start_ended_by_sigterm_before_the_server_is_up_leaves_no_process(tmp_path):
+    """`with TorchServe(...)` never reaches __exit__ when the start itself is interrupted; the start stops what it
+    began (a GPU bundle step whose timeout came while TorchServe started left it running: make test, 2026-12-04)."""
+    run_dir = tmp_path / "ts"
+    script = (
+        "import signal, sys\n"
+        "from pathlib import Path\n"
+        "from segserve.serving.server import TorchServe\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))\n"
+        f"with TorchServe(run_dir=Path({str(run_dir)!r}), model_store=Path({str(tmp_path)!r}), "
+        f"config_template=Path({str(CONFIG)!r}), free_ports=True):\n"
+        "    print('up', flush=True)\n"
+    )
+    env = {**os.environ, "SEGSERVE_TS_VMARGS": TEST_VMARGS}
+    parent = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not pids_by_role(run_dir).get("frontend") and time.monotonic() < deadline:  # Java started, not yet up
+        time.sleep(0.05)
+    assert pids_by_role(run_dir).get("frontend"), "TorchServe's frontend never started"
+    parent.send_signal(signal.SIGTERM)
+    out, _ = parent.communicate(timeout=60)
+    assert parent.returncode == 143 and "up" not in out
+    assert processes.server_processes(run_dir) == []
