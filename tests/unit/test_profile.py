@@ -30,3 +30,25 @@ def test_handler_costs_name_the_innermost_handler_frame(tmp_path):
 def test_profile_without_a_running_server_says_how_to_start_one(tmp_path, capsys):
     assert main(["profile", "seg_jpeg_fused", "--run-dir", str(tmp_path / "nothing"), "--seconds", "1"]) == 1
     assert "segserve serve --targets seg_jpeg_fused" in capsys.readouterr().err
+
+
+def test_a_worker_batch_while_the_request_is_being_written_never_sees_it_half_written(tmp_path, monkeypatch):
+    """A worker looks for its model's request file at every batch; it must never find one whose bytes are not
+    written yet (make test, run 63: the seg node claimed an empty file, dropped it as bad JSON, and no trace came)."""
+    from pathlib import Path
+
+    from handlers.profiling import claim, request_path
+    from segserve.bench.run.profiler import request_traces
+
+    pending = request_path(tmp_path, "m")
+    at_the_write = []
+
+    def write_with_a_batch_in_between(self, text, *args, **kwargs):
+        with open(self, "w") as handle:  # the file exists, still empty, from here on
+            at_the_write.append(claim(pending))  # a worker's batch comes now
+            return handle.write(text)
+
+    monkeypatch.setattr(Path, "write_text", write_with_a_batch_in_between)
+    traces = request_traces(tmp_path, ["m"], tmp_path / "out")
+    assert at_the_write == [None]  # nothing there to take yet
+    assert claim(pending) == str(traces["m"].resolve())  # the next batch takes the whole request

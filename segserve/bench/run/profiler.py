@@ -10,6 +10,7 @@ profiler's own cost: throughput in the sampled span against the spans just befor
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -145,7 +146,11 @@ def request_traces(run_dir: Path, models: list[str], out: Path) -> dict[str, Pat
         trace = out / f"{model}.trace.json"
         pending = request_path(run_dir, model)
         pending.parent.mkdir(parents=True, exist_ok=True)
-        pending.write_text(json.dumps({"trace": str(trace.resolve())}))
+        # written beside, then renamed into place: a worker looks for the file at every batch, and one that found it
+        # still empty dropped it as bad JSON, so no trace came (make test, run 63)
+        partial = pending.with_name(pending.name + ".partial")
+        partial.write_text(json.dumps({"trace": str(trace.resolve())}))
+        os.replace(partial, pending)
         traces[model] = trace
     return traces
 
