@@ -1,5 +1,8 @@
 """A small server for command-target tests, started by the suite as a peer would be:
-`python command_server.py --port P --delay-ms D --mode MODE --started-log FILE`.
+`python command_server.py --port P --delay-ms D --busy-ms B --mode MODE --started-log FILE`.
+
+Each POST sleeps D ms and then computes for B ms (a profile needs a process seen busy: py-spy leaves idle samples
+out, and a server that only sleeps and answers was busy in none of 200 samples in a run of make test).
 
 MODE plain: answers POST /predict with 200 and the body's length; v2: checks a KServe v2 binary request (its
 JSON header's length in Inference-Header-Content-Length, one BYTES element of tensor `image`) and answers 400 for a
@@ -20,6 +23,7 @@ import time
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     delay_s = 0.0
+    busy_s = 0.0
     mode = "plain"
 
     def do_GET(self):  # noqa: N802 (http.server's name)
@@ -28,6 +32,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         body = self.rfile.read(int(self.headers["Content-Length"]))
         time.sleep(self.delay_s)
+        busy_until = time.perf_counter() + self.busy_s
+        while time.perf_counter() < busy_until:  # on the CPU, in Python, as a model server's own code would be
+            pass
         if self.mode == "v2" and not v2_well_formed(body, self.headers.get("Inference-Header-Content-Length")):
             self.answer(400, b"malformed v2 request")
             return
@@ -65,6 +72,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--busy-ms", type=float, default=0.0)
     parser.add_argument("--mode", default="plain")
     parser.add_argument("--started-log", required=True)
     args = parser.parse_args()
@@ -78,7 +86,7 @@ def main() -> None:
         sys.exit(3)
     if args.mode == "native":
         subprocess.Popen(["sleep", "600"])  # in our process group: stopped with it
-    Handler.delay_s, Handler.mode = args.delay_ms / 1000, args.mode
+    Handler.delay_s, Handler.busy_s, Handler.mode = args.delay_ms / 1000, args.busy_ms / 1000, args.mode
     http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

@@ -17,7 +17,8 @@ def test_a_suite_with_profile_best_profiles_its_best_point_and_its_best_command_
         f"""
 targets:
   - seg_jpeg_fused
-  - {{name: peer, command: [{sys.executable}, {SERVER}, --port, "{{port}}", --mode, native, --started-log, {tmp_path / "started"}]}}
+  - name: peer
+    command: [{sys.executable}, {SERVER}, --port, "{{port}}", --mode, native, --busy-ms, "2", --started-log, {tmp_path / "started"}]
 inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
 grid: {{archive: {{batch_size: [4]}}, load: {{concurrency: [4]}}}}
 load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}}
