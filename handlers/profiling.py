@@ -23,6 +23,16 @@ def request_path(run_dir: Path, model: str) -> Path:
     return Path(run_dir) / REQUESTS_FOLDER / f"{model}.json"
 
 
+def post_request(run_dir: Path, model: str, trace: Path) -> None:
+    """Ask the model's next batch for a trace written to `trace`. Written beside, then renamed into place: a worker
+    looks for the file at every batch, and one that found it still empty dropped it as bad JSON (make test, run 63)."""
+    pending = request_path(run_dir, model)
+    pending.parent.mkdir(parents=True, exist_ok=True)
+    partial = pending.with_name(pending.name + ".partial")
+    partial.write_text(json.dumps({"trace": str(trace)}))
+    os.replace(partial, pending)
+
+
 def request_file(model: str) -> Path | None:
     """Where a profile request for this model would appear; None outside a segserve server (no run dir)."""
     run_dir = os.environ.get(RUN_DIR_ENV)

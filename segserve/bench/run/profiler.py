@@ -10,7 +10,6 @@ profiler's own cost: throughput in the sampled span against the spans just befor
 """
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from handlers.profiling import request_path
+from handlers.profiling import post_request, request_path
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.metrics import ProcessSampler
 
@@ -144,13 +143,7 @@ def request_traces(run_dir: Path, models: list[str], out: Path) -> dict[str, Pat
     traces = {}
     for model in models:
         trace = out / f"{model}.trace.json"
-        pending = request_path(run_dir, model)
-        pending.parent.mkdir(parents=True, exist_ok=True)
-        # written beside, then renamed into place: a worker looks for the file at every batch, and one that found it
-        # still empty dropped it as bad JSON, so no trace came (make test, run 63)
-        partial = pending.with_name(pending.name + ".partial")
-        partial.write_text(json.dumps({"trace": str(trace.resolve())}))
-        os.replace(partial, pending)
+        post_request(run_dir, model, trace.resolve())
         traces[model] = trace
     return traces
 
