@@ -82,6 +82,37 @@ TIERS = ("unit", "integration", "system")
 # make test runs the tests on two processes (pytest-xdist, a file to a process): the longest files first, so that
 # neither process is left with a long one at the end while the other has nothing (durations measured on 2 cores)
 LONGEST_FIRST = ("test_gpu_bundle.py", "test_fuzz.py", "test_bench_run.py", "test_optimize.py", "test_study_postgres.py")
+# The files whose tests send requests to the session `server` above. They go to one xdist process as one unit, so a
+# make test starts that TorchServe (a frontend and ten workers, ~35 CPU-s) once, not once in each process; together
+# they take ~140 s, so they are handed out right after the longest files. A file that takes `server` and is not
+# listed here fails the collection (pytest_collection_modifyitems).
+SESSION_SERVER_FILES = (
+    "tests/integration/test_autoscale_server.py",
+    "tests/integration/test_cli.py",
+    "tests/integration/test_fanout.py",
+    "tests/integration/test_integration.py",
+    "tests/integration/test_profile.py",
+)
+SESSION_SERVER_UNIT = "session-server"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile, with the SESSION_SERVER_FILES as one unit of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None  # xdist's own scheduler for the other modes
+    from xdist.scheduler import LoadFileScheduling
+
+    class SessionServerScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return SESSION_SERVER_UNIT if file in SESSION_SERVER_FILES else file
+
+    return SessionServerScheduling(config, log)
+
+
+def uses_session_server(item) -> bool:
+    definitions = getattr(item, "_fixtureinfo", None) and item._fixtureinfo.name2fixturedefs.get("server")
+    return bool(definitions) and Path(definitions[-1].func.__code__.co_filename).resolve() == Path(__file__).resolve()
 
 
 def tier_of(item) -> str | None:
@@ -93,10 +124,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if tier := tier_of(item):
             item.add_marker(tier)
+        file = item.path.relative_to(ROOT).as_posix()
+        if uses_session_server(item) and file not in SESSION_SERVER_FILES:
+            raise pytest.UsageError(f"{item.nodeid} uses the session server: add {file} to SESSION_SERVER_FILES in tests/conftest.py")
 
     def cost(item) -> tuple:  # the system tier, then integration, then unit (short tests fill the gaps)
-        name = item.path.name
-        return (-TIERS.index(tier_of(item) or "unit"), LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST))
+        name, file = item.path.name, item.path.relative_to(ROOT).as_posix()
+        order = (*LONGEST_FIRST, SESSION_SERVER_UNIT)
+        unit = name if name in LONGEST_FIRST else SESSION_SERVER_UNIT if file in SESSION_SERVER_FILES else None
+        rank = order.index(unit) if unit else len(order)
+        return (-TIERS.index(tier_of(item) or "unit"), rank)
 
     items.sort(key=cost)  # stable: within a file, its own order
     if torch.cuda.is_available():

@@ -24,7 +24,7 @@ needs_two_cores = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def pinned(tmp_path_factory, model_store):
     server = TorchServe(tmp_path_factory.mktemp("pinned"), model_store, ROOT / "config.properties", free_ports=True, core_plan=PLAN)
-    start_pipeline(server, served_targets(None), log=lambda _: None)
+    start_pipeline(server, served_targets("seg_jpeg"), log=lambda _: None)  # the plan's models: the workflow's two nodes
     try:
         yield server
     finally:
