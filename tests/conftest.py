@@ -96,6 +96,7 @@ SESSION_SERVER_FILES = (
 SESSION_SERVER_UNIT = "session-server"
 
 
+@pytest.hookimpl(optionalhook=True)  # where pytest-xdist is not installed (the GPU bundle's venv), no such hook
 def pytest_xdist_make_scheduler(config, log):
     """--dist loadfile, with the SESSION_SERVER_FILES as one unit of work."""
     if config.getvalue("dist") != "loadfile":
