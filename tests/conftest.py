@@ -116,6 +116,11 @@ def uses_session_server(item) -> bool:
     return bool(definitions) and Path(definitions[-1].func.__code__.co_filename).resolve() == Path(__file__).resolve()
 
 
+def file_of(item) -> str:
+    """The test file as the scheduler names it: its path from the repository root."""
+    return item.path.relative_to(ROOT).as_posix()
+
+
 def tier_of(item) -> str | None:
     """The tier is the folder: `-m unit` is tests/unit/."""
     return next((t for t in TIERS if f"/tests/{t}/" in str(item.path)), None)
@@ -125,16 +130,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if tier := tier_of(item):
             item.add_marker(tier)
-        file = item.path.relative_to(ROOT).as_posix()
-        if uses_session_server(item) and file not in SESSION_SERVER_FILES:
+        if uses_session_server(item) and (file := file_of(item)) not in SESSION_SERVER_FILES:
             raise pytest.UsageError(f"{item.nodeid} uses the session server: add {file} to SESSION_SERVER_FILES in tests/conftest.py")
 
+    def rank(item) -> int:  # the longest files, then the session server's unit, then the rest
+        if item.path.name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(item.path.name)
+        return len(LONGEST_FIRST) + (file_of(item) not in SESSION_SERVER_FILES)
+
     def cost(item) -> tuple:  # the system tier, then integration, then unit (short tests fill the gaps)
-        name, file = item.path.name, item.path.relative_to(ROOT).as_posix()
-        order = (*LONGEST_FIRST, SESSION_SERVER_UNIT)
-        unit = name if name in LONGEST_FIRST else SESSION_SERVER_UNIT if file in SESSION_SERVER_FILES else None
-        rank = order.index(unit) if unit else len(order)
-        return (-TIERS.index(tier_of(item) or "unit"), rank)
+        return (-TIERS.index(tier_of(item) or "unit"), rank(item))
 
     items.sort(key=cost)  # stable: within a file, its own order
     if torch.cuda.is_available():
