@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from handlers import profiling, testing_seam
+from handlers import batching, profiling, testing_seam
 from handlers.batching import RowFailure, StageRunner
 from handlers.pinning import SharedCores, claim_cores
 from handlers.settings import parse_settings
@@ -103,6 +103,12 @@ class SegserveHandler:
         # the most rows the network runs at once: a compiled network is compiled for batch sizes up to it
         self.max_rows = common.micro_batch_size or int(context.system_properties.get("batch_size") or 1)
         self.load(context.system_properties["model_dir"], settings, context.manifest)
+        overlap = common.overlap
+        if overlap and self.device.type == "cuda" and not batching.OVERLAP_CHECKED_ON_CUDA and not testing_seam.cuda_overlap():
+            logger.warning(
+                "overlap is off on %s: overlapped micro-batches have not yet given the same bytes on a GPU (issue #48)", self.device
+            )
+            overlap = False
         self.stages = StageRunner(
             self.decode,
             self.predict,
@@ -111,8 +117,9 @@ class SegserveHandler:
             micro_batch_size=common.micro_batch_size,
             decode_threads=common.decode_threads,
             encode_threads=common.encode_threads,
-            overlap=common.overlap,
+            overlap=overlap,
             prepare=self.prepare,
+            encode_many=self.encode_many if type(self).encode_many is not SegserveHandler.encode_many else None,
         )
         self.initialized = True
         logger.info(
@@ -170,6 +177,11 @@ class SegserveHandler:
         """What predict() takes for a micro-batch's valid rows; runs in the decode stage (position: the micro-batch's
         place in the TorchServe batch). By default the rows themselves; the segmentation node writes its staging buffer."""
         return items
+
+    def encode_many(self, results: list) -> list:
+        """Optional: the bodies of several rows' results in one call (a subclass that defines it gets it called
+        with each micro-batch's valid results; a row it cannot encode is then encoded alone by encode())."""
+        return [self.encode(result) for result in results]
 
     def infer(self, items: list):
         """(batch, per-row results) for an in-process successor; by default the results of predict()."""

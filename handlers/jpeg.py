@@ -2,7 +2,7 @@
 
 A batch is encoded in one `torchvision.io.encode_jpeg` call: libjpeg-turbo
 on the CPU, nvJPEG when the worker has a GPU (then only the JPEG bytes
-cross to the host).
+cross to the host; encode_jpegs below says what that call needs first).
 """
 
 # First, before torchvision (also in an archive, whose top-level handler is a copy of this file): torchvision
@@ -12,6 +12,7 @@ import handlers.light_torchvision  # noqa: F401
 # isort: split
 import base64
 import json
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,29 @@ from handlers.base import BadRequest, SegserveHandler, entry_point
 from handlers.settings import parse_settings
 
 UPSTREAM_ERROR_PREFIX = b'{"error": '
+logger = logging.getLogger(__name__)
+
+
+def encode_jpegs(images: list[torch.Tensor], quality: int) -> list[torch.Tensor]:
+    """The JPEGs of uint8 [3, H, W] images, in host memory.
+
+    On CUDA the images are complete before nvJPEG starts: torchvision's CUDA encoder (0.19 to 0.29 at least,
+    encode_jpegs_cuda.cpp) encodes on a stream of its own and only makes the caller's stream wait for *that*
+    one, never the other way round, so it can read an image whose kernels are still queued on the caller's
+    stream. One at a time that rarely shows; with micro-batches overlapped the GPU is busy with the next
+    batch, the colouring kernels wait, and the encoder read half-written images (wrong bytes on an H200,
+    issue #48). Waiting on an event of this stream costs the host what the encoder's own stream synchronize
+    costs it anyway."""
+    if not images or images[0].device.type != "cuda":
+        return encode_jpeg(images, quality=quality)
+    device = images[0].device
+    written = torch.cuda.Event()
+    written.record(torch.cuda.current_stream(device))
+    written.synchronize()
+    # The encoder copies each JPEG out of its state on the legacy default stream (stream 0): the copy to the
+    # host is queued there too, so it follows that copy whatever stream the caller was on.
+    with torch.cuda.stream(torch.cuda.default_stream(device)):
+        return [jpeg.cpu() for jpeg in encode_jpeg(images, quality=quality)]
 
 
 def voc_palette(size: int = 256) -> list[list[int]]:
@@ -116,6 +140,15 @@ class JpegHandler(ClassMapInput, SegserveHandler):
         if s.response == "json":
             self.content_type = "application/json"
         self.palette = torch.tensor(colours, dtype=torch.uint8, device=self.device)
+        if self.device.type == "cuda":
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """nvJPEG's encoder is made at its first call (a fraction of a second): at load, not in a client's request."""
+        try:
+            encode_jpegs([torch.zeros(3, 16, 16, dtype=torch.uint8, device=self.device)], self.settings.quality)
+        except Exception as error:  # a warm-up that fails says so; the requests will tell the rest
+            logger.warning("nvJPEG warm-up failed on %s: %s", self.device, error)
 
     def colourise(self, class_map: classmap.ClassMap) -> torch.Tensor:
         """uint8 [3, H, W] at the original size: palette lookup at the map's size, then nearest-neighbour
@@ -132,7 +165,7 @@ class JpegHandler(ClassMapInput, SegserveHandler):
     def predict(self, items: list[classmap.ClassMap]) -> list[torch.Tensor]:
         images = [self.colourise(item) for item in items]
         # One call for the whole batch; on CUDA tensors this is nvJPEG and only the JPEG bytes come back.
-        jpegs = [jpeg.cpu() for jpeg in encode_jpeg(images, quality=self.settings.quality)]
+        jpegs = encode_jpegs(images, self.settings.quality)
         if self.device.type == "cuda":
             self.stages.times.add("host_to_device_bytes", sum(item.labels.numel() for item in items if item.labels.device.type == "cpu"))
             self.stages.times.add("device_to_host_bytes", sum(j.numel() for j in jpegs))

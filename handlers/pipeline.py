@@ -4,7 +4,7 @@ Reads the same spec as the TorchServe workflow (e.g. workflows/seg_jpeg.yaml, sh
 archive), builds each node's handler with that node's own settings (nodes/<archive>.yaml in the
 archive: precision, quality, device …) and runs the DAG in topological order: the root decodes the
 request, every node hands its result to its children without bytes in between (a class map stays
-a tensor, on the GPU when the model runs there), and the leaves encode the response. Per-request
+a tensor, on the GPU when the model runs there), and the leaves encode the response, a micro-batch in one call. Per-request
 status is kept end to end: a bad image gets its 400 here, not a 500. Micro-batches overlap as in
 every handler: the leaves' work runs in the encode stage, while the next micro-batch is in the model.
 
@@ -107,14 +107,19 @@ class PipelineHandler(SegserveHandler):
         return [{leaf: inputs[leaf][row] for leaf in self.dag.leaves} for row in range(rows)]
 
     def encode(self, leaf_inputs: dict) -> bytes:
-        outputs = {leaf: self.run_leaf(leaf, item) for leaf, item in leaf_inputs.items()}
+        return self.encode_many([leaf_inputs])[0]
+
+    def encode_many(self, rows: list[dict]) -> list[bytes]:
+        """Each leaf runs the micro-batch's rows in one call (the JPEG leaf: one nvJPEG or libjpeg call, as the jpeg
+        model does for its batch); a row that breaks it is run alone (the StageRunner's fallback to encode())."""
+        outputs = {leaf: self.run_leaf(leaf, [row[leaf] for row in rows]) for leaf in self.dag.leaves}
         if len(outputs) == 1:
             return next(iter(outputs.values()))
-        return torchserve_json({leaf: json.loads(output) for leaf, output in outputs.items()})
+        return [torchserve_json({leaf: json.loads(outputs[leaf][i]) for leaf in self.dag.leaves}) for i in range(len(rows))]
 
-    def run_leaf(self, name: str, item) -> bytes:
+    def run_leaf(self, name: str, items: list) -> list[bytes]:
         node = self.nodes[name]
-        return node.encode(node.predict([item])[0])
+        return [node.encode(result) for result in node.predict(items)]
 
 
 def torchserve_json(answer: dict) -> bytes:

@@ -127,3 +127,40 @@ def test_raw_bodies_are_read_in_place_not_copied(tiny_weights):
     assert decoded.is_raw and decoded.pixels.data_ptr() == body_address
     body[:2] = b"\x00\x3c"  # 1.0 in float16, written through the body: the view sees it
     assert float(decoded.pixels[0, 0, 0]) == 1.0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_encode_many_takes_a_micro_batch_in_one_call_and_a_row_that_breaks_it_fails_alone(overlap):
+    """The fused pipeline's leaves encode a micro-batch in one call; when that call raises, each row is encoded
+    alone: the culprit gets its 500, its batch-mates their bodies, the rows that were already bad keep their 400."""
+
+    class Bad(ValueError):
+        pass
+
+    calls = []
+
+    def decode(body):
+        if body == b"bad":
+            raise Bad("bad row")
+        return body
+
+    def encode_many(results):
+        calls.append(len(results))
+        if b"poison" in results:
+            raise RuntimeError("the batch call broke")
+        return [result.upper() for result in results]
+
+    def encode(result):
+        if result == b"poison":
+            raise RuntimeError("this row cannot be encoded")
+        return result.upper()
+
+    runner = StageRunner(decode, lambda items: list(items), encode, Bad, micro_batch_size=3, overlap=overlap, encode_many=encode_many)
+    try:
+        out = runner.run([b"a", b"bad", b"b", b"c", b"poison", b"d", b"e"])
+    finally:
+        runner.close()
+    assert out[0] == b"A" and out[2] == b"B" and out[3] == b"C" and out[5] == b"D" and out[6] == b"E"
+    assert isinstance(out[1], Bad)
+    assert "this row cannot be encoded" in str(out[4])
+    assert sorted(calls) == [2, 3]  # one call per micro-batch of two or more valid rows (the last has one)
