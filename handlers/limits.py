@@ -25,6 +25,11 @@ JPEG_MAX_SCANS = 100
 # Segments (markers) in one JPEG: walking 4 million empty comment segments held a worker for a second.
 # Real files have tens (APPn, DQT, DHT per scan, up to 255 APP2 chunks of an ICC profile).
 JPEG_MAX_SEGMENTS = 1000
+# What nvJPEG decodes (torchvision's decode_jpeg on CUDA): 8-bit baseline, extended or progressive frames (SOF0–SOF2)
+# of 1 or 3 components; torchvision never enables its CMYK path. A CUDA worker decodes every other JPEG on the CPU.
+NVJPEG_SOF_MARKERS = (0xC0, 0xC1, 0xC2)
+NVJPEG_PRECISION_BITS = 8
+NVJPEG_COMPONENTS = (1, 3)
 
 # "decode_jpeg, /__w/vision/.../decode_jpeg.cpp:171, Image is incomplete" → "Image is incomplete"
 _SOURCE_LOCATION = re.compile(r"^(?:[\w:()]+, )?\S+\.(?:cpp|cc|h|hpp|cu):\d+, ")
@@ -41,6 +46,17 @@ def image_side_error(kind: str, height: int, width: int, max_side_px: int, limit
 
 def jpeg_scans_error(scans: int) -> str:
     return f"jpeg of {scans} scans is refused: the limit is {JPEG_MAX_SCANS} scans (encoders write 1 to about 20)"
+
+
+def nvjpeg_refusal(marker: int, precision_bits: int, components: int) -> str | None:
+    """Why nvJPEG cannot decode a JPEG with this frame header (then the CPU decodes it), else None."""
+    if marker not in NVJPEG_SOF_MARKERS:
+        return f"frame type SOF{marker - 0xC0} (nvJPEG decodes SOF0-SOF2)"
+    if precision_bits != NVJPEG_PRECISION_BITS:
+        return f"{precision_bits}-bit samples (nvJPEG decodes 8-bit)"
+    if components not in NVJPEG_COMPONENTS:
+        return f"{components} colour components (nvJPEG decodes 1 or 3; 4 is CMYK or YCCK)"
+    return None
 
 
 def non_finite_error(tensor: torch.Tensor) -> str | None:

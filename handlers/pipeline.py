@@ -83,10 +83,11 @@ class PipelineHandler(SegserveHandler):
 
     def report_metrics(self, context, response_bytes: int, requests: int) -> None:
         """The bytes the nodes moved between host and device are the pipeline's (a leaf's JPEG copied to the host,
-        the root's batch copied to the device): counted here, or TorchServe would never see them."""
+        the root's batch copied to the device), and so are the root's JPEGs decoded on the CPU for the GPU's decoder:
+        counted here, or TorchServe would never see them."""
         for node in self.nodes.values():
             for name, value in node.stages.times.drain().items():
-                if name.endswith("_bytes"):
+                if name.endswith("_bytes") or name == "decode_fallbacks":
                     self.stages.times.add(name, value)
         super().report_metrics(context, response_bytes, requests)
 

@@ -15,6 +15,7 @@ import io
 import logging
 import re
 import struct
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from torchvision.io import ImageReadMode, decode_image, decode_jpeg
+from torchvision.io import ImageReadMode, decode_image, decode_jpeg, encode_jpeg
 
 from handlers import classmap, limits, optimize
 from handlers.base import BadRequest, SegserveHandler, entry_point
@@ -70,6 +71,16 @@ class Decoded(NamedTuple):
     original_width: int
 
 
+class JpegFrame(NamedTuple):
+    """What a JPEG's frame header (SOF segment) says: its size, and what nvJPEG needs to know whether it can decode it."""
+
+    height: int
+    width: int
+    marker: int  # C0 baseline, C1 extended, C2 progressive, C3 lossless, C9+ arithmetic …
+    precision_bits: int
+    components: int  # 0 when the body ends inside the frame header
+
+
 class Staged(NamedTuple):
     """A micro-batch written into its staging buffer (host rows filled; rows decoded on the GPU are filled in infer)."""
 
@@ -81,27 +92,38 @@ class Staged(NamedTuple):
 def image_size(body: bytes) -> tuple[str, int, int] | None:
     """(kind, height, width) read from a PNG or JPEG header without decoding; None if neither. A JPEG's
     segments are walked to its end, so one with more scans or segments than limits.py allows is refused here."""
+    header = image_header(body)
+    return None if header is None else header[:3]
+
+
+def image_header(body: bytes) -> tuple[str, int, int, JpegFrame | None] | None:
+    """image_size's (kind, height, width) and, for a JPEG, its whole frame header."""
     if body.startswith(PNG_SIGNATURE):
         if len(body) < 24 or body[12:16] != b"IHDR":
             raise BadRequest("PNG is truncated before its IHDR header")
         width, height = struct.unpack(">II", body[16:24])
-        return "png", height, width
+        return "png", height, width, None
     if not body.startswith(JPEG_SOI):
         return None
-    height, width = jpeg_frame(body)
-    return "jpeg", height, width
+    frame = read_jpeg_frame(body)
+    return "jpeg", frame.height, frame.width, frame
 
 
 def jpeg_frame(body: bytes) -> tuple[int, int]:
-    """(height, width) of a JPEG's frame header, after walking its segments from SOI to EOI (or its end).
+    """(height, width) of a JPEG's frame header (read_jpeg_frame)."""
+    return tuple(read_jpeg_frame(body)[:2])
+
+
+def read_jpeg_frame(body: bytes) -> JpegFrame:
+    """A JPEG's frame header, after walking its segments from SOI to EOI (or its end).
 
     Scans are counted here, where they are known to be scans: FF DA bytes also occur inside APPn payloads,
     EXIF thumbnails and data after EOI. Every step that could repeat per byte runs in C (regular expressions),
     so a 16 MiB body of fill bytes or stuffed entropy data costs milliseconds."""
-    size, pos, segments, scans = None, 2, 0, 0
+    frame, pos, segments, scans = None, 2, 0, 0
     while pos + 4 <= len(body):
         if body[pos] != 0xFF:
-            if size is None:
+            if frame is None:
                 raise BadRequest(f"JPEG is corrupt: expected a marker at byte {pos}")
             break  # after the frame header: the decoder reports what is wrong
         pos = JPEG_FILL.match(body, pos).end() - 1  # FF FF … FF xx: fill bytes before the marker xx
@@ -116,8 +138,9 @@ def jpeg_frame(body: bytes) -> tuple[int, int]:
             continue
         if pos + 4 > len(body):
             break
-        if marker in JPEG_SOF_MARKERS and size is None and pos + 9 <= len(body):
-            size = struct.unpack(">HH", body[pos + 5 : pos + 9])
+        if marker in JPEG_SOF_MARKERS and frame is None and pos + 9 <= len(body):
+            components = body[pos + 9] if pos + 10 <= len(body) else 0
+            frame = JpegFrame(*struct.unpack(">HH", body[pos + 5 : pos + 9]), marker, body[pos + 4], components)
         pos += 2 + struct.unpack(">H", body[pos + 2 : pos + 4])[0]
         if marker == 0xDA:
             scans += 1
@@ -127,9 +150,9 @@ def jpeg_frame(body: bytes) -> tuple[int, int]:
             if found is None:
                 break
             pos = found.start()
-    if size is None:
+    if frame is None:
         raise BadRequest("JPEG is truncated or corrupt: no frame header found")
-    return size
+    return frame
 
 
 def decode_png(body: bytes) -> torch.Tensor:
@@ -222,20 +245,52 @@ class SegmentationHandler(SegserveHandler):
         self.pool = StagingPool(self.device)
         self.streams = Streams(self.device)
         self.decode_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # nvJPEG decodes the JPEGs it can (limits.nvjpeg_refusal); the CPU the rest. Tests set this and replace
+        # decode_jpeg_on_device to check the fallback without a GPU.
+        self.jpeg_on_device = self.device.type == "cuda"
+        self.fallback_logged = False
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # weights and constants were queued on the default stream: done before any batch
+            self.warm_up()
+
+    def warm_up(self) -> None:
+        """CUDA only: the network once at max_rows rows and once at 1, and nvJPEG once, so that CUDA's lazy kernel
+        loading, cuDNN's choice of algorithms and nvJPEG's decoder are paid here, not by a fresh worker's first
+        requests (a GPU run: 37 req/s over a cold first point, ~930 warm). A failed warm-up is logged, not fatal."""
+        s, started = self.settings, time.perf_counter()
+        sizes = dict.fromkeys(optimize.padded_rows(rows, self.buckets) for rows in (self.max_rows, 1))
+        try:
+            with torch.inference_mode(), self.streams.compute_context():
+                for rows in sizes:
+                    batch = torch.zeros(rows, 3, s.input_height, s.input_width, device=self.device)
+                    self.network(batch.contiguous(memory_format=self.memory_format).to(self.compute_dtype)).argmax(1)
+            torch.cuda.synchronize(self.device)
+        except Exception as error:  # a worker that cannot warm up may still serve
+            logger.warning("warm-up of the network on %s failed, first requests pay for it: %s", self.device, error)
+        try:
+            self.decode_jpeg_on_device(encode_jpeg(torch.zeros(3, 16, 16, dtype=torch.uint8)))
+            torch.cuda.synchronize(self.device)
+        except Exception as error:
+            logger.warning("warm-up of nvJPEG on %s failed, the first JPEG pays for it: %s", self.device, error)
+        logger.info("warmed up on %s in %.2f s: the network at %s rows, nvJPEG", self.device, time.perf_counter() - started, list(sizes))
+
+    def decode_jpeg_on_device(self, data: torch.Tensor) -> torch.Tensor:
+        """nvJPEG, on a stream of its own: its output is allocated on the caller's stream, which must not be a stream
+        whose freed blocks other queued work may still read."""
+        with torch.cuda.stream(self.decode_stream):
+            return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
 
     def decode(self, body: bytes) -> Decoded:
         s = self.settings
         try:
-            header = image_size(body)
+            header = image_header(body)
         except BadRequest:
             if len(body) == self.raw_nbytes:  # a raw tensor whose first bytes happen to read as FF D8 or a PNG signature
                 return self.decode_raw(body)
             raise
         if header is None:
             return self.decode_raw(body)
-        kind, height, width = header
+        kind, height, width, frame = header
         refused = limits.image_side_error(kind, height, width, limits.DECODER_MAX_SIDE_PX[kind], f"the {kind} decoder's limit") or (
             limits.image_side_error(kind, height, width, limits.ANSWER_MAX_SIDE_PX, "the limit of a JPEG answer at the size sent")
         )
@@ -244,21 +299,40 @@ class SegmentationHandler(SegserveHandler):
         if height * width > s.max_image_pixels:
             raise BadRequest(f"{kind} of {width}x{height} pixels is refused: the limit is {s.max_image_pixels} pixels")
         data = view_bytes(body)
+        fallback = None  # why nvJPEG did not decode a JPEG on a CUDA worker
+        if kind == "jpeg" and self.jpeg_on_device:
+            fallback = limits.nvjpeg_refusal(frame.marker, frame.precision_bits, frame.components)
+            if fallback is None:
+                try:
+                    return Decoded(self.decode_jpeg_on_device(data), False, height, width)
+                except Exception as error:  # what nvJPEG cannot decode, libjpeg may: the CPU decides
+                    fallback = f"nvJPEG: {limits.codec_message(error)}"
         try:
-            if kind == "jpeg" and self.device.type == "cuda":
-                # nvJPEG, on a stream of its own: its output is allocated on the caller's stream, which must not
-                # be a stream whose freed blocks other queued work may still read
-                with torch.cuda.stream(self.decode_stream):
-                    image = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
-            elif kind == "jpeg" and s.reduced_jpeg_decode and height >= 2 * s.input_height and width >= 2 * s.input_width:
-                image = decode_jpeg_reduced(body, s.input_height, s.input_width)
-            elif kind == "jpeg":
-                image = decode_image(data, mode=ImageReadMode.RGB)
-            else:
-                image = decode_png(body)
+            image = self.decode_on_host(kind, body, data, height, width)
         except Exception as error:  # torchvision raises RuntimeError; Pillow OSError, SyntaxError, DecompressionBombError …
             raise BadRequest(f"could not decode the {kind} image: {limits.codec_message(error)}") from None
+        if fallback is not None:
+            self.count_fallback(fallback)
         return Decoded(image, False, height, width)
+
+    def decode_on_host(self, kind: str, body: bytes, data: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        s = self.settings
+        if kind == "png":
+            return decode_png(body)
+        if s.reduced_jpeg_decode and height >= 2 * s.input_height and width >= 2 * s.input_width:
+            return decode_jpeg_reduced(body, s.input_height, s.input_width)
+        return decode_image(data, mode=ImageReadMode.RGB)
+
+    def count_fallback(self, reason: str) -> None:
+        """A JPEG the CPU decoded on a CUDA worker: counted (SegserveDecodeFallbacks), the first reason logged."""
+        self.stages.times.add("decode_fallbacks", 1)
+        if not self.fallback_logged:
+            self.fallback_logged = True
+            logger.warning(
+                "a JPEG nvJPEG cannot decode (%s) was decoded on the CPU; such rows are counted in SegserveDecodeFallbacks "
+                "(logged once per worker)",
+                reason,
+            )
 
     def decode_raw(self, body: bytes) -> Decoded:
         s = self.settings

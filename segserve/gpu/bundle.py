@@ -43,7 +43,7 @@ PURE_WHEELS = (
     "pygments",  # pytest's own needs: the interpreter's versions may be older
     "packaging",
 )
-BINARY_WHEELS = ("pydantic-core", "pyyaml", "psutil")
+BINARY_WHEELS = ("pydantic-core", "pyyaml", "psutil", "py-spy")  # py-spy: the serve step profiles the fused worker
 PYTHON_VERSIONS = ("3.11", "3.12", "3.13")
 # pip matches manylinux tags exactly: the ones these packages publish for x86-64
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_5_x86_64", "manylinux1_x86_64")

@@ -6,8 +6,10 @@
 #
 # Unpacks payload.tar.xz beside it, installs its wheels into a venv that sees the interpreter's torch, runs the
 # `gpu` tests, serves the workflow and the fused pipeline on a real TorchServe (the bundle's Java runtime) and
-# segments the samples through both, runs benchmarks/gpu.yaml (seg, jpeg, workflow, fused; raw FP16
-# [3, 256, 448], 128 connections), and writes summary.json and summary.txt to $OUT.
+# segments the samples through both, sends hostile and odd inputs (judged against the CPU's answers) and profiles
+# the fused worker under load, measures each stage's ceiling in process, runs benchmarks/gpu.yaml (seg, jpeg, workflow,
+# fused at 1, 2, 4 and 8 workers; raw FP16 [3, 256, 448], 256 connections), and writes summary.json and summary.txt
+# to $OUT.
 # Every step has a timeout; a step that fails is reported and the next one still runs where it can.
 #
 # --dry-run: the same steps where CUDA is absent (the gpu tests skip with their reason; the benchmark computes in
@@ -38,7 +40,7 @@ PYTHON=$(command -v "${PYTHON:-python3}") || { echo "run.sh: no ${PYTHON:-python
 # the whole run must end inside the device tool's 10-minute call: steps get what is left, the summary its own minute
 DEADLINE=$(( $(date +%s) + ${DEADLINE_S:-480} ))
 SUMMARY_S=60
-ALL_STEPS=" unpack facts venv gpu_tests build serve bench "
+ALL_STEPS=" unpack facts venv gpu_tests build serve ceilings bench "
 STEPS=${STEPS:-}
 if [ -n "$STEPS" ]; then
   for name in ${STEPS//,/ }; do
@@ -167,10 +169,11 @@ step venv 120 make_venv
 # the interpreter's own pytest plugins (xdist, cov, benchmark…) stay out: they may not fit the bundle's pytest
 export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 step gpu_tests 150 in_project python -m pytest -m gpu -v -p no:cacheprovider --junitxml="$WORK/gpu_tests.xml" \
-  tests/unit/test_handlers.py tests/unit/test_batching.py tests/integration/test_handlers.py
+  tests/unit/test_handlers.py tests/unit/test_batching.py tests/integration/test_handlers.py tests/integration/test_decode_fallback.py
 step build 120 in_project python -m segserve.cli build
-step serve 150 in_project python -m segserve.gpu.summary serve "$WORK/serve.json"
-step bench 300 in_project python -m segserve.gpu.summary bench "$WORK/results"
+step serve 150 in_project python -m segserve.gpu.steps serve "$WORK/serve.json"
+step ceilings 90 in_project python -m segserve.gpu.ceilings "$WORK/ceilings.json"
+step bench 300 in_project python -m segserve.gpu.steps bench "$WORK/results"
 # the summary needs only the standard library: with the venv's Python where the venv step made one (its yaml reads
 # the bench's results), else with the interpreter the run was given
 SUMMARY_PYTHON=$WORK/venv/bin/python

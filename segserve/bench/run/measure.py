@@ -1,5 +1,5 @@
-"""Measure one deployed point: load in windows until the throughput settles, the server's own counters
-and its processes' CPU around it; and the bare model's forward throughput, the compute limit.
+"""Measure one deployed point: load in windows until the throughput settles, the server's own counters,
+its processes' CPU and the GPUs' use around it; and the bare model's forward throughput, the compute limit.
 
 Reads nothing of the catalog or the suite's targets: an Endpoint says where to send and what to ask, so an
 endpoint segserve did not deploy (no metrics URL) is measured by the same code.
@@ -18,6 +18,7 @@ from segserve.bench.results.stats import latency_summary, mean_interval, spread,
 from segserve.bench.run.load import LoadSpec, run_load
 from segserve.bench.suite.spec import LoadSettings
 from segserve.machine.disturbance import DisturbanceSampler
+from segserve.machine.gpu_usage import GpuUsageSampler
 from segserve.serving.metrics import ProcessSampler, handler_stages, per_request_ms, scrape
 
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
@@ -80,14 +81,18 @@ def measure(
 
     before = scrape(endpoint.metrics_url) if ours else {}
     sampler = ProcessSampler(process_groups) if process_groups else None
-    for started in (sampler, disturbance):
+    gpu = GpuUsageSampler()  # the machine's GPUs, whoever's the server is (an http target's too)
+    for started in (sampler, disturbance, gpu):
         if started:
             started.start()
     # disturbed windows are measured again: up to max_windows more
     budget_windows = load.max_windows * (2 if disturbance else 1)
-    result = run_load(spec, warmup_s + budget_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
-    if disturbance:
-        disturbance.stop()
+    try:
+        result = run_load(spec, warmup_s + budget_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
+    finally:  # their threads end with the load, also when it fails
+        if disturbance:
+            disturbance.stop()
+        gpu.stop()
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
     all_spans, clean_spans = edges(result), clean(result)
@@ -130,6 +135,9 @@ def measure(
         "disturbed": disturbed if disturbance else None,
         "warmup_s": warmup_s,
         **server_usage,
+        # over the windows the numbers come from (its clock starts with the load's, as the disturbance sampler's);
+        # the server's CPU (server_usage) is over the whole run, warm-up included
+        **gpu.columns(used),
     }
 
 
@@ -161,30 +169,34 @@ def measure_phases(
     sampler = ProcessSampler(process_groups) if process_groups else None
     if sampler:
         sampler.start()
+    gpu = GpuUsageSampler().start()  # over every phase, as the server's CPU
     phases, everything = [], LoadResult()
-    for phase in load.phases:
-        started_epoch_s = time.time()
-        result = run_load(spec(phase), phase.duration_s)
-        ok = [lat for lat, good in zip(result.latency_ms, result.ok, strict=True) if good]
-        windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
-        phases.append(
-            {
-                "phase": phase.name,
-                "started_epoch_s": started_epoch_s,
-                "duration_s": result.wall_s,
-                "requests_ok": len(ok),
-                "requests_failed": len(result.status) - len(ok),
-                "failures_by_status": {k: v for k, v in result.status_counts().items() if not k.startswith("2")},
-                "throughput_rps": len(ok) / result.wall_s if result.wall_s else 0.0,
-                **latency_summary(ok),
-                # completions per load.window_s through the phase: how the rate moved in it (a move shows here)
-                "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
-            }
-        )
-        everything.latency_ms += result.latency_ms
-        everything.status += result.status
-        everything.wall_s += result.wall_s
-        everything.client_cpu_s += result.client_cpu_s
+    try:
+        for phase in load.phases:
+            started_epoch_s = time.time()
+            result = run_load(spec(phase), phase.duration_s)
+            ok = [lat for lat, good in zip(result.latency_ms, result.ok, strict=True) if good]
+            windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
+            phases.append(
+                {
+                    "phase": phase.name,
+                    "started_epoch_s": started_epoch_s,
+                    "duration_s": result.wall_s,
+                    "requests_ok": len(ok),
+                    "requests_failed": len(result.status) - len(ok),
+                    "failures_by_status": {k: v for k, v in result.status_counts().items() if not k.startswith("2")},
+                    "throughput_rps": len(ok) / result.wall_s if result.wall_s else 0.0,
+                    **latency_summary(ok),
+                    # completions per load.window_s through the phase: how the rate moved in it (a move shows here)
+                    "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
+                }
+            )
+            everything.latency_ms += result.latency_ms
+            everything.status += result.status
+            everything.wall_s += result.wall_s
+            everything.client_cpu_s += result.client_cpu_s
+    finally:  # its thread ends with the load, also when it fails
+        gpu_usage = gpu.stop()
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
     ok_latencies = [lat for lat, good in zip(everything.latency_ms, everything.ok, strict=True) if good]
@@ -205,6 +217,7 @@ def measure_phases(
         "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],
         "warmup_s": warmup_s,
         **server_usage,
+        **gpu_usage,
     }
 
 
@@ -276,11 +289,19 @@ def bare_shape(record: dict, node: str) -> tuple[int, str]:
     return threads, f"{batch_size}:{height}:{width}"
 
 
+def bare_device(handler_device: str | None) -> str:
+    """segserve.model.bare's --device for a node's handler `device` setting (handlers/base.py RunnerSettings): the
+    CPU for a node set to it, else auto (the GPU where there is one), as its workers pick theirs."""
+    return "cpu" if handler_device == "cpu" else "auto"
+
+
 def bare_command(weights: Path, threads: int, variant: dict | None = None, python: str | None = None) -> list[str]:
     """`python -m segserve.model.bare` for a network variant ({optimize, precision, input_height, input_width,
-    backbone, program}), in the server's Python (a venv's for ipex) or this one."""
+    backbone, program, device}), in the server's Python (a venv's for ipex) or this one. Without a device, the
+    CPU: what every caller measured on before the bench asked for the workers' device (issue #48)."""
     variant = variant or {}
     command = [python or sys.executable, "-m", "segserve.model.bare", "--weights", str(weights), "--threads", str(threads)]
+    command += ["--device", variant.get("device") or "cpu"]
     for key in ("optimize", "precision", "backbone", "program"):
         if variant.get(key) is not None:
             command += [f"--{key}", str(variant[key])]

@@ -15,7 +15,7 @@ from segserve.autoscale.rules import Policy
 from segserve.bench.results.analysis import bare_ratio_reasons
 from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, uncertainty
 from segserve.bench.run.deploy import Deployment
-from segserve.bench.run.measure import bare_shape, measure, measure_phases, run_accuracy, run_bare
+from segserve.bench.run.measure import bare_device, bare_shape, measure, measure_phases, run_accuracy, run_bare
 from segserve.bench.search import Strategy
 from segserve.bench.suite.plan import Point, settings_for
 from segserve.errors import RuntimeFailure
@@ -85,7 +85,10 @@ class Runner:
         metrics = error = reconfigure_s = None
         node = self.weights_node(point.target)
         slices: list[dict] = []  # the bare forward's entries before and after the point
+        weights_device = None  # the weights node's handler `device`: where the end-of-suite bare forward runs
         try:
+            if self.weights_node(point.target, alone=False):
+                weights_device = self.handler_settings(point).get("device") or "auto"
             self.bodies_before_deploy(point)
             started = time.monotonic()  # a capture is not the point's reconfiguration
             endpoint = self.deployment.deploy(point)
@@ -108,8 +111,11 @@ class Runner:
         record = record_for(point, reconfigure_s, metrics, error, self.weights_node(point.target, alone=False))
         record.update({"load_s": self.deployment.load_s, **accuracy})
         record.update(validity(record))
+        if weights_device:
+            record["weights_device"] = weights_device
         if node and not error:
             record.update(served_vs_bare(record.get("measured_window_throughputs_rps") or [], slices))
+            record["bare_device"] = next((entry.get("device") for entry in slices), None)
             record.update(ratio_judgement(record))
         return record
 
@@ -156,7 +162,8 @@ class Runner:
         return InBackground(scaler, settings.interval_s)
 
     def bare_slices(self, point: Point, node: str | None) -> list[dict]:
-        """The bare forward's entry at the point's shape, watched for others as the point's windows are."""
+        """The bare forward's entry at the point's shape, on the device its workers use, watched for others as
+        the point's windows are."""
         if node is None:
             return []
         threads, shape = bare_shape(point.params, node)
@@ -169,8 +176,8 @@ class Runner:
         return entries[:1]
 
     def variant(self, point: Point) -> tuple[dict | None, str | None]:
-        """The network the point's weights node runs ({optimize, precision, input size, backbone, program}) and
-        the Python its server runs (a venv's); (None, None) for a target without weights."""
+        """The network the point's weights node runs ({optimize, precision, input size, backbone, program, device})
+        and the Python its server runs (a venv's); (None, None) for a target without weights."""
         target = self.catalog.targets.get(point.target)
         node = next((n for n in target.nodes if n.model.weights), None) if target else None
         if node is None:
@@ -179,6 +186,7 @@ class Runner:
         variant = {k: handler.get(k) for k in ("optimize", "precision", "backbone", "input_height", "input_width")}
         if handler.get("optimize") == "int8":
             variant["program"] = self.deployment.recipe.serialized_file(node.model, handler)
+        variant["device"] = bare_device(handler.get("device"))
         venv = point.params.get("venv")
         return variant, str(Path(venv) / "bin" / "python") if venv else None
 
@@ -327,23 +335,24 @@ def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: 
 
 
 def bare_throughputs(records: list[dict], weights: Path, weights_node, log=print, load=None) -> list[dict]:
-    """The bare forward throughput for every (batch size, threads, input size) the weights' node ran with.
+    """The bare forward throughput for every (batch size, threads, input size) the weights' node ran with, on
+    the device it ran on (the record's `weights_device`: its handler setting).
 
-    One process per thread count measures its shapes round-robin (segserve/model/bare.py), watched for others
-    as the suite's windows are (`load`: its max_others_share and max_windows)."""
+    One process per thread count and device measures its shapes round-robin (segserve/model/bare.py), watched
+    for others as the suite's windows are (`load`: its max_others_share and max_windows)."""
     watch = {"max_others_share": load.max_others_share, "retries": load.max_windows, "seconds": load.bare_forward_s} if load else {}
-    shapes_by_threads: dict[int, set] = {}
+    shapes_by_run: dict[tuple[int, str], set] = {}
     for record in records:
         node = weights_node(record["target"], alone=False)
         if node:
             threads, shape = bare_shape(record, node)
-            shapes_by_threads.setdefault(threads, set()).add(shape)
-    if shapes_by_threads:
+            shapes_by_run.setdefault((threads, bare_device(record.get("weights_device"))), set()).add(shape)
+    if shapes_by_run:
         log("measuring the bare model's forward throughput (the compute limit) …")
     return [
         entry
-        for threads, shapes in sorted(shapes_by_threads.items())
-        for entry in run_bare(weights, threads, sorted(shapes), log=log, **watch)
+        for (threads, device), shapes in sorted(shapes_by_run.items())
+        for entry in run_bare(weights, threads, sorted(shapes), log=log, variant={"device": device}, **watch)
     ]
 
 
