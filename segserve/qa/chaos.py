@@ -35,14 +35,15 @@ from handlers import classmap
 from segserve import ROOT
 from segserve.bench.run.load import CONNECTION_ERROR, TIMEOUT, LoadResult, LoadSpec, run_load
 from segserve.model.synthetic import make_sample
+from segserve.serving.launch import served_targets
 from segserve.serving.server import TorchServe
 from segserve.serving.ts_config import free_port_base
 
 
-def served_targets() -> dict[str, tuple[str, str]]:
-    """What `segserve serve` registers (the catalog's default family): target → (path, input kind)."""
-    targets = served_targets(None)
-    return {t.name: (t.endpoint, "classmap" if t.takes == "class_map" else "image") for t in targets}
+def target_paths() -> dict[str, tuple[str, str]]:
+    """What `segserve serve` registers (the catalog's default family): target → (path, input kind). (Named apart
+    from launch.served_targets: when both were served_targets and the import went, this one called itself.)"""
+    return {t.name: (t.endpoint, "classmap" if t.takes == "class_map" else "image") for t in served_targets(None)}
 
 
 MARGIN_S = 0.05  # clock slack between the load threads and the killer when judging "in flight at a kill"
@@ -73,7 +74,7 @@ class Chaos:
     kills: list[tuple[str, float]] = field(default_factory=list)  # (target, monotonic time) of each kill
     frontend_down: tuple[float, float] | None = None
     restarts_s: dict[str, float] = field(default_factory=dict)
-    targets: dict[str, tuple[str, str]] = field(default_factory=served_targets)
+    targets: dict[str, tuple[str, str]] = field(default_factory=target_paths)
     tallies: dict[str, Tally] = field(default_factory=dict)
     hostile_misses: list[str] = field(default_factory=list)
     hostile_refused: int = 0
