@@ -146,7 +146,10 @@ class SegserveHandler:
                 bodies.append(request_body(row))
             except BadRequest as error:
                 bodies.append(error)
-        for idx, result in enumerate(self.stages.run(bodies)):
+        self.stages.times.add("read_ms", (time.perf_counter() - started) * 1000)
+        results = self.stages.run(bodies)
+        answering = time.perf_counter()
+        for idx, result in enumerate(results):
             if isinstance(result, (BadRequest, RowFailure)):
                 output[idx] = json.dumps({"error": str(result)}).encode()
                 context.set_response_status(400 if isinstance(result, BadRequest) else 500, str(result), idx)
@@ -154,6 +157,7 @@ class SegserveHandler:
             else:
                 output[idx] = result
                 context.set_response_content_type(idx, self.content_type)
+        self.stages.times.add("answer_ms", (time.perf_counter() - answering) * 1000)
         self.report_metrics(context, sum(len(o) for o in output), len(data))
         if self.slowdown_fraction:
             testing_seam.spin(self.slowdown_fraction * (time.perf_counter() - started))

@@ -25,6 +25,10 @@ import yaml
 from handlers.base import SegserveHandler, entry_point
 from handlers.dag import parse_dag
 
+# A node's counters that are the pipeline's too (the rest of its stage times run inside the pipeline's own stages):
+# JPEGs its decoder left to the CPU, and the copies and forward pass inside the pipeline's predict stage.
+NODE_COUNTERS = ("decode_fallbacks", "copy_ms", "forward_ms")
+
 
 def node_handler(module: str) -> SegserveHandler:
     """A fresh handler of the module a node config names (`segserve: {handler: areas}` → handlers/areas.py)."""
@@ -87,7 +91,7 @@ class PipelineHandler(SegserveHandler):
         counted here, or TorchServe would never see them."""
         for node in self.nodes.values():
             for name, value in node.stages.times.drain().items():
-                if name.endswith("_bytes") or name == "decode_fallbacks":
+                if name.endswith("_bytes") or name in NODE_COUNTERS:
                     self.stages.times.add(name, value)
         super().report_metrics(context, response_bytes, requests)
 

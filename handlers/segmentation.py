@@ -62,6 +62,9 @@ class SegmentationSettings:
     # (libjpeg's DCT scaling): the model needs only its input size, and a full decode of a 25-megapixel
     # photo keeps its batch-mates waiting. false: always decode at full size.
     reduced_jpeg_decode: bool = True
+    # The serving path alone (benchmarks/serving_path.yaml): no network runs, the input's first num_classes channels
+    # stand in for its logits, so a request costs everything around the model and nothing of it.
+    skip_network: bool = False
 
 
 class Decoded(NamedTuple):
@@ -220,6 +223,17 @@ def prepare_network(path: Path, settings: SegmentationSettings, device: torch.de
     return network
 
 
+class FirstChannels(torch.nn.Module):
+    """skip_network's stand-in: the input's first channels as logits (a view: no compute, no copy)."""
+
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.num_classes = num_classes
+
+    def forward(self, batch: torch.Tensor) -> torch.Tensor:
+        return batch[:, : self.num_classes]
+
+
 class SegmentationHandler(SegserveHandler):
     content_type = "application/octet-stream"
 
@@ -237,6 +251,9 @@ class SegmentationHandler(SegserveHandler):
         self.memory_format = memory_format
         self.buckets = optimize.batch_buckets(s.optimize, self.max_rows)  # compiled networks: fixed batch sizes
         self.network = prepare_network(Path(model_dir) / manifest["model"]["serializedFile"], s, self.device, self.buckets)
+        if s.skip_network:
+            logger.warning("skip_network: no network runs in this worker, its answers are not segmentations (serving-path benchmark)")
+            self.network = FirstChannels(s.num_classes)
         # Normalisation on the 0–255 scale, so a uint8 image is copied in and normalised in place.
         self.norm = {
             kind: (torch.tensor(MEAN_RGB, device=dev).view(3, 1, 1) * 255, torch.tensor(STD_RGB, device=dev).view(3, 1, 1) * 255)
@@ -385,15 +402,19 @@ class SegmentationHandler(SegserveHandler):
             device_buffer = self.pool.get(f"input.{position}", shape, torch.float32, True, self.memory_format)
         else:
             device_buffer = host
+        copying = time.perf_counter()
         batch = self.streams.to_device(host, device_buffer)
+        self.stages.times.add("copy_ms", (time.perf_counter() - copying) * 1000)
         with self.streams.compute_context():
             if on_device:  # nvJPEG decoded those rows on the decode stream: wait for it, not for the device
                 self.streams.compute.wait_stream(self.decode_stream)
             for i in on_device:  # nvJPEG-decoded rows: filled on the device, after the copy of the others
                 items[i].pixels.record_stream(self.streams.compute)
                 self.fill(batch[i], items[i])
+            forward = time.perf_counter()  # on CUDA: the launches (the kernels' time shows in copy_ms, which waits)
             logits = self.network(batch.to(self.compute_dtype))  # already in the model's memory format: fp32 is not copied
             labels = logits[: len(items)].argmax(1).to(torch.uint8)  # only the class map leaves the device, never logits
+            self.stages.times.add("forward_ms", (time.perf_counter() - forward) * 1000)
         if self.streams.cuda:
             self.stages.times.add("host_to_device_bytes", host.numel() * host.element_size())
         ready = self.streams.done_event()  # a fused successor on another stream waits for this, not for later batches
@@ -405,9 +426,14 @@ class SegmentationHandler(SegserveHandler):
     def predict(self, staged: Staged | list[Decoded]) -> list[bytes]:
         labels, maps = self.infer(staged)
         if self.streams.cuda:  # into a reused pinned buffer on the copy stream
+            copying = time.perf_counter()
             labels = self.streams.to_host(labels, self.pool.get("labels", tuple(labels.shape), torch.uint8))
+            self.stages.times.add("copy_ms", (time.perf_counter() - copying) * 1000)
             self.stages.times.add("device_to_host_bytes", labels.numel())
-        return [classmap.pack(labels[i], m.num_classes, m.original_height, m.original_width) for i, m in enumerate(maps)]
+        packing = time.perf_counter()
+        packed = [classmap.pack(labels[i], m.num_classes, m.original_height, m.original_width) for i, m in enumerate(maps)]
+        self.stages.times.add("answer_ms", (time.perf_counter() - packing) * 1000)
+        return packed
 
     def encode(self, result: bytes) -> bytes:
         return result  # the class map was packed in predict, so the reused label buffer is free for the next batch

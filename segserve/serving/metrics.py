@@ -109,9 +109,26 @@ class ProcessSampler:
                     rss += process.memory_info().rss
                 except psutil.NoSuchProcess:
                     pass
-            per_group[name] = {"cpu_pct": 100 * (cpu_end[name] - self.cpu_start[name]) / wall_s, "rss_mb": rss / 2**20}
+            cpu_s = cpu_end[name] - self.cpu_start[name]
+            per_group[name] = {"cpu_pct": 100 * cpu_s / wall_s, "cpu_s": cpu_s, "rss_mb": rss / 2**20}
         return {
             "server_cpu_pct": sum(g["cpu_pct"] for g in per_group.values()),
             "server_rss_mb": sum(g["rss_mb"] for g in per_group.values()),
             "server_processes": per_group,
         }
+
+
+def cpu_ms_per_request(server_processes: dict, requests: int) -> dict:
+    """The server's CPU per request answered over the same span (the whole load run, warm-up included), by role:
+    the frontend (TorchServe's JVM), the workers (groups "<model>/<pid>"), both with the rest ("other")."""
+    if requests <= 0 or not server_processes:
+        return {}
+
+    def ms(names) -> float:
+        return round(1000 * sum(server_processes[name]["cpu_s"] for name in names) / requests, 3)
+
+    return {
+        "frontend_cpu_ms_per_request": ms([n for n in server_processes if n == "frontend"]),
+        "workers_cpu_ms_per_request": ms([n for n in server_processes if "/" in n]),
+        "server_cpu_ms_per_request": ms(list(server_processes)),
+    }

@@ -19,7 +19,7 @@ from segserve.bench.run.load import LoadSpec, run_load
 from segserve.bench.suite.spec import LoadSettings
 from segserve.machine.disturbance import DisturbanceSampler
 from segserve.machine.gpu_usage import GpuUsageSampler
-from segserve.serving.metrics import ProcessSampler, handler_stages, per_request_ms, scrape
+from segserve.serving.metrics import ProcessSampler, cpu_ms_per_request, handler_stages, per_request_ms, scrape
 
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
 
@@ -135,6 +135,7 @@ def measure(
         "disturbed": disturbed if disturbance else None,
         "warmup_s": warmup_s,
         **server_usage,
+        **cpu_ms_per_request(server_usage.get("server_processes", {}), len(result.status)),
         # over the windows the numbers come from (its clock starts with the load's, as the disturbance sampler's);
         # the server's CPU (server_usage) is over the whole run, warm-up included
         **gpu.columns(used),
@@ -217,6 +218,7 @@ def measure_phases(
         "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],
         "warmup_s": warmup_s,
         **server_usage,
+        **cpu_ms_per_request(server_usage.get("server_processes", {}), len(everything.status)),
         **gpu_usage,
     }
 
@@ -255,11 +257,37 @@ def _starts(duration_s: float, window_s: float) -> list[float]:
     return [k * window_s for k in range(max(int(duration_s // window_s), 1))]
 
 
+def worker_stage_columns(stages: dict[str, dict[str, float]]) -> dict:
+    """The handlers' time per request, summed over the nodes a request passes, by what it is spent on: reading the
+    rows out of TorchServe's batch, checking and decoding each body, staging it into the batch buffer, copying to and
+    from the device, the forward pass, and answering (encoding and packing the response, setting its status); and
+    all of it but the forward pass. With overlap the stages run side by side: their sum is work, not wall time."""
+    if not stages:
+        return {}
+
+    def total(*names: str) -> float:
+        return round(sum(s.get(name, 0.0) for s in stages.values() for name in names), 4)
+
+    forward, predict = total("forward_ms"), total("predict_ms")
+    columns = {
+        "worker_read_ms": total("read_ms"),
+        "worker_check_ms": total("decode_ms"),
+        "worker_stage_ms": total("stage_ms"),
+        "worker_copy_ms": total("copy_ms"),
+        "worker_forward_ms": forward,
+        "worker_answer_ms": total("encode_ms", "answer_ms"),
+    }
+    outside = columns["worker_read_ms"] + columns["worker_check_ms"] + columns["worker_stage_ms"] + columns["worker_answer_ms"]
+    columns["worker_outside_forward_ms"] = round(outside + predict - forward, 4)
+    return columns
+
+
 def stage_columns(stages: dict[str, dict[str, float]]) -> dict:
     """Per-node stage times and bytes (nested, in the run JSON) and the bytes columns of the summary."""
     first = next(iter(stages.values()), {})
     return {
         "server_stages": stages,
+        **worker_stage_columns(stages),
         # What the first node hands on: to the next node in a workflow, to the client otherwise.
         "bytes_out_per_request": first.get("response_bytes"),
         "bytes_device_to_host_per_request": sum(s.get("device_to_host_bytes", 0.0) for s in stages.values()) if stages else None,

@@ -122,6 +122,16 @@ PARAMS = {
             doc="model optimisation applied at load (handlers/optimize.py); ipex needs grid.server.venv: [.venv-ipex]",
         ),
         Param(
+            "skip_network",
+            "archive",
+            bool,
+            None,
+            ("skip_network",),
+            frozenset({"segmentation"}),
+            per_node=True,
+            doc="the serving path alone: no network runs, the input's first channels stand in for its logits (not a segmentation)",
+        ),
+        Param(
             "jpeg_quality",
             "archive",
             Annotated[int, Field(ge=1, le=100)],

@@ -1,0 +1,73 @@
+"""The serving path's own cost (#49): a seg handler with no network, the handlers' time split by stage, and the
+server's CPU per request by role."""
+
+import types
+
+import torch
+
+from handlers import classmap
+from handlers.segmentation import SegmentationHandler
+from segserve.bench.run.measure import worker_stage_columns
+from segserve.serving.metrics import cpu_ms_per_request
+from tests.conftest import make_context, status_of, with_rows
+
+RAW_SHAPE = (3, 256, 448)
+
+
+def counters_after_a_batch(handler, bodies) -> tuple[list, dict]:
+    counters = {}
+    context = with_rows(make_context(None, {}), len(bodies))
+    context.metrics = types.SimpleNamespace(add_counter=lambda name, value: counters.update({name: value}))
+    out = handler.handle([{"body": bytearray(b)} for b in bodies], context)
+    assert [status_of(context, i) for i in range(len(bodies))] == [200] * len(bodies)
+    return out, counters
+
+
+def test_skip_network_answers_the_argmax_of_the_inputs_first_channels_and_runs_no_network(tiny_weights):
+    handler = SegmentationHandler()
+    handler.initialize(make_context(tiny_weights.parent, {"skip_network": True}, tiny_weights.name))
+    assert not any(True for _ in handler.network.parameters())  # the stand-in has no weights: nothing is computed
+    raws = [torch.randn(RAW_SHAPE, generator=torch.Generator().manual_seed(seed)).half() for seed in (1, 2)]
+    out, _ = counters_after_a_batch(handler, [raw.numpy().tobytes() for raw in raws])
+    for raw, answer in zip(raws, out, strict=True):
+        labels = classmap.unpack(answer).labels
+        assert torch.equal(labels, raw[:2].float().argmax(0).to(torch.uint8))
+
+
+def test_a_batch_reports_each_stage_of_the_handlers_time(tiny_weights):
+    handler = SegmentationHandler()
+    handler.initialize(make_context(tiny_weights.parent, {}, tiny_weights.name))
+    raw = torch.randn(RAW_SHAPE).half().numpy().tobytes()
+    _, counters = counters_after_a_batch(handler, [raw, raw, raw])
+    for stage in ("ReadMs", "DecodeMs", "StageMs", "PredictMs", "ForwardMs", "EncodeMs", "AnswerMs"):
+        assert f"Segserve{stage}" in counters, stage
+    assert 0 < counters["SegserveForwardMs"] <= counters["SegservePredictMs"]  # the forward pass runs inside predict
+    assert counters["SegserveRequests"] == 3
+
+
+def test_worker_columns_sum_the_nodes_and_leave_the_forward_pass_out():
+    stages = {
+        "seg_jpeg__seg": {"read_ms": 0.1, "decode_ms": 0.5, "stage_ms": 0.3, "predict_ms": 10.0, "forward_ms": 9.0, "answer_ms": 0.2},
+        "seg_jpeg__jpeg": {"read_ms": 0.1, "decode_ms": 0.4, "predict_ms": 2.0, "encode_ms": 0.1, "answer_ms": 0.1},
+    }
+    columns = worker_stage_columns(stages)
+    assert columns["worker_read_ms"] == 0.2 and columns["worker_check_ms"] == 0.9 and columns["worker_forward_ms"] == 9.0
+    assert columns["worker_answer_ms"] == 0.4 and columns["worker_copy_ms"] == 0.0
+    # everything but the 9 ms forward: 0.2 read + 0.9 check + 0.3 stage + 0.4 answer + (12 - 9) of predict
+    assert columns["worker_outside_forward_ms"] == 4.8
+    assert worker_stage_columns({}) == {}
+
+
+def test_the_servers_cpu_per_request_is_split_into_frontend_and_workers():
+    processes = {
+        "frontend": {"cpu_s": 3.0},
+        "seg/101": {"cpu_s": 2.0},
+        "seg/102": {"cpu_s": 1.0},
+        "other": {"cpu_s": 0.5},
+    }
+    assert cpu_ms_per_request(processes, 1000) == {
+        "frontend_cpu_ms_per_request": 3.0,
+        "workers_cpu_ms_per_request": 3.0,
+        "server_cpu_ms_per_request": 6.5,
+    }
+    assert cpu_ms_per_request(processes, 0) == {}
