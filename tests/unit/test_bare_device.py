@@ -40,6 +40,7 @@ def test_the_end_of_suite_bare_forward_runs_once_per_device_the_nodes_ran_on(mon
         {"target": "seg", "batch_size": 4, "omp_num_threads": 2, "weights_device": "cpu"},
         {"target": "seg", "batch_size": 8, "omp_num_threads": 2, "weights_device": "auto"},
         {"target": "seg", "batch_size": 2, "omp_num_threads": 2},  # an earlier run's record: the handler's default
+        {"target": "seg", "batch_size": 16, "omp_num_threads": 2, "skip_network": True},  # no network ran: no reference
     ]
     runner.bare_throughputs(records, ROOT / "weights" / "seg.pt", lambda target, alone: "seg", lambda _: None, LoadSettings())
     assert sorted(asked) == [(["2:256:448", "8:256:448"], "auto"), (["4:256:448"], "cpu")]

@@ -71,3 +71,24 @@ def test_the_servers_cpu_per_request_is_split_into_frontend_and_workers():
         "server_cpu_ms_per_request": 6.5,
     }
     assert cpu_ms_per_request(processes, 0) == {}
+
+
+def test_labels_of_gives_argmaxs_bytes_for_every_class_count_ties_nan_and_inf():
+    for classes in (1, 2, 3, 5, 8):
+        logits = torch.randn(4, classes, 32, 48, generator=torch.Generator().manual_seed(classes))
+        logits[0, :, 0, 0] = 1.0  # a tie: the first class wins, as with argmax
+        nan, inf = logits.clone(), logits.clone()
+        nan[1, classes - 1, 5, 5] = float("nan")  # argmax takes NaN as the largest
+        inf[2, classes - 1, 7, 7], inf[2, 0, 8, 8] = float("inf"), float("-inf")
+        for variant in (logits, logits.half(), logits.contiguous(memory_format=torch.channels_last), nan, inf):
+            assert torch.equal(classmap.labels_of(variant), variant.argmax(1).to(torch.uint8)), classes
+
+
+def test_a_raw_body_is_staged_into_a_channels_last_row_with_the_same_values():
+    from handlers.segmentation import copy_into
+
+    raw = torch.randn(RAW_SHAPE).half()
+    for layout in (torch.channels_last, torch.contiguous_format):
+        buffer = torch.full((2, *RAW_SHAPE), float("nan")).contiguous(memory_format=layout)
+        copy_into(buffer[1], raw)
+        assert torch.equal(buffer[1], raw.float()) and buffer[0].isnan().all()

@@ -129,7 +129,7 @@ class Deployment:
             if param.name in params and param.env:
                 env[param.env] = param.env_value(params[param.name])
             if param.name in params and param.config:
-                overrides[param.config] = str(params[param.name])
+                overrides[param.config] = param.env_value(params[param.name])
         pinning = params.get("pinning", "none")
         if pinning == "torchserve":
             if not shutil.which("numactl"):

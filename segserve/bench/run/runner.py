@@ -83,7 +83,9 @@ class Runner:
     def measure_point(self, point: Point) -> dict:
         started = time.monotonic()
         metrics = error = reconfigure_s = None
-        node = self.weights_node(point.target)
+        # skip_network (the serving path alone) runs no network: no bare forward to hold it against
+        runs_network = not self.handler_settings(point).get("skip_network")
+        node = self.weights_node(point.target) if runs_network else None
         slices: list[dict] = []  # the bare forward's entries before and after the point
         weights_device = None  # the weights node's handler `device`: where the end-of-suite bare forward runs
         try:
@@ -344,7 +346,7 @@ def bare_throughputs(records: list[dict], weights: Path, weights_node, log=print
     shapes_by_run: dict[tuple[int, str], set] = {}
     for record in records:
         node = weights_node(record["target"], alone=False)
-        if node:
+        if node and not record.get("skip_network"):
             threads, shape = bare_shape(record, node)
             shapes_by_run.setdefault((threads, bare_device(record.get("weights_device"))), set()).add(shape)
     if shapes_by_run:

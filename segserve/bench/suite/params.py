@@ -30,7 +30,7 @@ class Param:
     registration: str | None = None  # TorchServe key: workflow spec `models:` key (a model config key in `model_key`)
     model_key: str | None = None
     env: str | None = None  # server level: an environment variable of every worker
-    env_value: Callable[[object], str] = str  # how a value is written there
+    env_value: Callable[[object], str] = str  # how a value is written there (the environment variable or config key)
     config: str | None = None  # server level: a config.properties key
     per_node: bool = False  # may also be given per DAG node: grid.archive.nodes.<node>.<name>
     doc: str = ""
@@ -53,6 +53,21 @@ PARAMS = {
     for p in [
         Param("omp_num_threads", "server", PositiveInt, env="OMP_NUM_THREADS", doc="OMP_NUM_THREADS of every worker (unset: torch's)"),
         Param("netty_threads", "server", PositiveInt, config="number_of_netty_threads", doc="the frontend's netty threads"),
+        Param(
+            "jvm_options",
+            "server",
+            str,
+            config="vmargs",
+            doc="the frontend's JVM options (config.properties vmargs; unset: the JVM's defaults, G1 and a quarter of the RAM)",
+        ),
+        Param(
+            "prefer_direct_buffer",
+            "server",
+            bool,
+            config="prefer_direct_buffer",
+            env_value=lambda value: str(value).lower(),
+            doc="netty's buffers off the JVM heap (TorchServe's prefer_direct_buffer)",
+        ),
         Param(
             "omp_wait_policy",
             "server",
