@@ -3,7 +3,7 @@ the test that runs it, so no documented command is left broken or untested.
 
     python -m segserve.docs.doccheck            # (in make test) the cheap ones: classify all, dry-run every suite,
                                            # and run the serving walkthroughs against a real TorchServe
-    python -m segserve.docs.doccheck --list     # every command and how it is checked
+    python -m segserve.docs.doccheck --list     # every command and how it is checked, then the smoke tier
 
 How a command is checked, first matching rule wins (RULES below):
   walkthrough  the whole block is run as written, on free ports: `serve` gets --port-base and a run folder of
@@ -15,6 +15,14 @@ How a command is checked, first matching rule wins (RULES below):
   test         a test runs it (the test must exist: its file and function are checked)
   ci           what CI runs (`make test`), or a long target outside make test (named with the test of its code)
   full         run as written by `--full` only (`make doc-check`): `make run`, on the default ports
+  smoke        a make target: checked as SMOKE below says
+
+The smoke tier (SMOKE): every command the docs and the Makefile name — each .PHONY target of the Makefile, each
+`segserve` command and action (from the CLI's parser), each `python -m segserve.…` module and each script of
+benchmarks/ that README.md, docs/*.md or the Makefile mention — is run once in `make test` in a short form that
+checks its outcome (named tests, none marked long, peers or gpu), is run by `make test` itself (a prerequisite),
+or says why it cannot run here. A command without an entry, an entry for a command nothing names any more, a
+named test that is missing or outside `make test`, and a `make X` in the docs that the Makefile lacks all fail.
 """
 
 import argparse
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from segserve import ROOT
+from segserve.docs.smoke import SMOKE, documented_commands, smoke_problems
 from segserve.serving.ts_config import free_port_base
 
 BLOCK = re.compile(r"```(?:bash|sh)\n(.*?)```", re.S)
@@ -55,28 +64,9 @@ def commands(root: Path = ROOT) -> list[Command]:
 
 # (pattern, how, detail): the first pattern that matches a command (re.search) says how it is checked
 RULES: list[tuple[str, str, str]] = [
-    (r"^make test$", "ci", "what .ci/run runs"),
-    (r"^make test-unit$", "ci", "tests/unit/ alone: part of make test"),
-    (
-        r"^make test-long$",
-        "ci",
-        "the tests marked long, outside make test: tests/system/test_optimize.py's variant sweeps and tests/system/test_shipped_weights.py",
-    ),
     (r"^make run$", "full", "run by `make doc-check` (python -m segserve.docs.doccheck --full), not in make test (~4 min, default ports)"),
     (r"^make build$", "walkthrough", "run as its recipe, segserve build"),
-    (
-        r"^make fuzz$",
-        "ci",
-        "a long run outside make test; its harness: tests/system/test_fuzz.py::test_a_bounded_fuzz_run_finds_no_crash_hang_or_bad_answer",
-    ),
-    (r"^make gpu-check$", "ci", "needs CUDA; its tests are marked gpu and skip here with the reason"),
-    (
-        r"^make (setup-peers|test-peers|peers)$",
-        "ci",
-        "the peer servers, outside make test (their venvs install ray, litserve, nvidia-pytriton): tests/peers/test_peers.py; "
-        "the command target that starts them: tests/system/test_command_target.py",
-    ),
-    (r"^make gpu-bundle$", "test", "tests/system/test_gpu_bundle.py::test_the_bundle_is_under_its_limit_and_its_dry_run_runs_every_step"),
+    (r"^make [\w-]+$", "smoke", ""),  # every other target: as SMOKE says
     (
         r"^(PYTHON=\S+ )?gpu_bundle/run\.sh --dry-run$",
         "test",
@@ -193,15 +183,17 @@ RULES: list[tuple[str, str, str]] = [
 def rule_for(command: Command) -> tuple[str, str]:
     for pattern, how, detail in RULES:
         if re.search(pattern, command.text):
+            if how == "smoke":
+                return SMOKE.get(command.text, ("none", f"no entry in SMOKE in segserve/docs/smoke.py ({command.file})"))
             return how, detail
     return "none", f"no rule: add one to RULES in segserve/docs/doccheck.py ({command.file})"
 
 
 def missing_tests(root: Path = ROOT) -> list[str]:
-    """Tests named by a rule that do not exist (a renamed test must not leave a command unchecked)."""
+    """Tests named by a rule or a SMOKE entry that do not exist (a renamed test must not leave a command unchecked)."""
     missing = []
-    for _, how, detail in RULES:
-        for named in re.findall(r"tests/\S+\.py::\w+", detail) if how in ("test", "ci") else []:
+    for how, detail in [(how, detail) for _, how, detail in RULES] + list(SMOKE.values()):
+        for named in re.findall(r"tests/\S+\.py::\w+", detail) if how in ("test", "ci", "cannot") else []:
             path, function = named.split("::")
             if not (root / path).is_file() or f"def {function}(" not in (root / path).read_text():
                 missing.append(named)
@@ -290,6 +282,7 @@ def check(run_servers: bool = True, full: bool = False, log=print) -> list[str]:
     found = commands()
     problems = [f"{c.file}: `{c.text}`: {detail}" for c in found for how, detail in [rule_for(c)] if how == "none"]
     problems += [f"segserve/docs/doccheck.py names a test that does not exist: {name}" for name in missing_tests()]
+    problems += smoke_problems()
     # the suites a rule sends to the dry run (one needing files a test makes first is named with that test instead)
     dry = [c for c in found if rule_for(c)[0] == "dry-run"]
     suites = sorted({m.group(1) for c in dry if (m := re.search(r"segserve bench (benchmarks/\S+\.yaml)", c.text))})
@@ -327,7 +320,7 @@ def check(run_servers: bool = True, full: bool = False, log=print) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="print every documented command and how it is checked")
+    parser.add_argument("--list", action="store_true", help="print every documented command and how it is checked, then the smoke tier")
     parser.add_argument("--no-servers", action="store_true", help="skip the walkthroughs (no TorchServe)")
     parser.add_argument("--full", action="store_true", help="also run `make run` as written (make doc-check)")
     args = parser.parse_args(argv)
@@ -335,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
         for command in commands():
             how, detail = rule_for(command)
             print(f"{command.file}: {command.text}\n    {how}{': ' + detail if detail else ''}")
+        print("\nsmoke tier: every command the docs and the Makefile name, and how make test runs it")
+        for command in documented_commands():
+            how, detail = SMOKE.get(command, ("none", "no entry in SMOKE"))
+            print(f"{command}\n    {how}: {detail}")
         return 0
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     problems = check(run_servers=not args.no_servers, full=args.full)

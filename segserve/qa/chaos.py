@@ -8,6 +8,10 @@ One server, started and restarted with `segserve serve` as a user would, on free
   3. load and hostile inputs again: the server must be usable.
 It prints, per target, requests sent / answered 2xx / 4xx / 5xx / unanswered, and each worker's restart time.
 
+A short form (what `make test` runs, tests/system/test_smoke.py): `--targets seg_jpeg --pause-s 0.5 --rps 4
+--load-s 2` serves the workflow alone (its two nodes killed in turn, one rescaled, the frontend killed and served
+again) under a light open-loop load, and judges the same goal.
+
 Goal (exit 1 when missed): no 5xx for a request that was not in flight on a killed process, none unanswered,
 every hostile input refused (400; /wfpredict answers 200 with the node's {"error"} body: counted as refused),
 and the server usable afterwards. "In flight on a killed process" is judged per target: sent before the
@@ -40,10 +44,11 @@ from segserve.serving.server import TorchServe
 from segserve.serving.ts_config import free_port_base
 
 
-def target_paths() -> dict[str, tuple[str, str]]:
-    """What `segserve serve` registers (the catalog's default family): target → (path, input kind). (Named apart
-    from launch.served_targets: when both were served_targets and the import went, this one called itself.)"""
-    return {t.name: (t.endpoint, "classmap" if t.takes == "class_map" else "image") for t in served_targets(None)}
+def target_paths(names: str | None = None) -> dict[str, tuple[str, str]]:
+    """What `segserve serve --targets NAMES` registers (default: the catalog's default family): target → (path,
+    input kind). (Named apart from launch.served_targets: when both were served_targets and the import went, this
+    one called itself.)"""
+    return {t.name: (t.endpoint, "classmap" if t.takes == "class_map" else "image") for t in served_targets(names)}
 
 
 MARGIN_S = 0.05  # clock slack between the load threads and the killer when judging "in flight at a kill"
@@ -70,7 +75,8 @@ class Tally:
 @dataclass
 class Chaos:
     server: TorchServe
-    serve: list[str]  # `segserve serve` with --run-dir/--model-store/--config/--port-base
+    serve: list[str]  # `segserve serve` with --run-dir/--model-store/--config/--port-base (and --targets)
+    rate_rps: float | None = None  # per target; None: a closed loop of 2 connections each
     kills: list[tuple[str, float]] = field(default_factory=list)  # (target, monotonic time) of each kill
     frontend_down: tuple[float, float] | None = None
     restarts_s: dict[str, float] = field(default_factory=dict)
@@ -90,7 +96,9 @@ class Chaos:
         token = self.server.token("inference")
         threads = []
         for target, (path, kind) in self.targets.items():
-            spec = LoadSpec(self.server.url("inference"), path, bodies[kind], token, concurrency=2, timeout_s=60)
+            spec = LoadSpec(
+                self.server.url("inference"), path, bodies[kind], token, concurrency=2, request_rate_rps=self.rate_rps, timeout_s=60
+            )
             thread = threading.Thread(target=self._stream, args=(target, spec, duration_s, stop), daemon=True)
             thread.start()
             threads.append(thread)
@@ -225,12 +233,15 @@ def hostile_inputs() -> list[tuple[str, str, bytes, bool]]:
     return items + [(name, kind, body, True) for name, kind, body in crafted]
 
 
-def run(run_dir: Path, model_store: Path, load_s: float) -> bool:
+def run(
+    run_dir: Path, model_store: Path, load_s: float, targets: str | None = None, pause_s: float = 2, rate_rps: float | None = None
+) -> bool:
     port_base = free_port_base()
     segserve = [sys.executable, "-m", "segserve.cli"]
     common = ["--run-dir", str(run_dir), "--model-store", str(model_store), "--config", str(ROOT / "config.properties")]
     server = TorchServe(run_dir=run_dir, model_store=model_store, config_template=ROOT / "config.properties", port_base=port_base)
-    chaos = Chaos(server, [*segserve, "serve", *common, "--port-base", str(port_base)])
+    serve = [*segserve, "serve", *common, "--port-base", str(port_base), *(["--targets", targets] if targets else [])]
+    chaos = Chaos(server, serve, rate_rps=rate_rps, targets=target_paths(targets))
     print(f"$ segserve serve --run-dir {run_dir} --port-base {port_base}")
     first_start_s = chaos.restart()
     print(f"  up in {first_start_s:.1f} s")
@@ -238,22 +249,23 @@ def run(run_dir: Path, model_store: Path, load_s: float) -> bool:
         stop = threading.Event()
         print(f"phase 1: load on {', '.join(chaos.targets)}; a worker of each model killed in turn; rescale; hostile inputs")
         threads = chaos.load(600, stop)  # until the frontend is killed
-        time.sleep(3)
+        time.sleep(1.5 * pause_s)
         nodes = server.workflow_nodes()
         for target in chaos.targets:  # every worker model of a workflow, else the target's own model
             for model in [n for n in nodes if n.startswith(f"{target}__")] or [target]:
                 chaos.kill_worker(target, model)
-                time.sleep(2)
+                time.sleep(pause_s)
+        rescaled = nodes[-1] if nodes else next(iter(chaos.targets))  # a workflow node, else a model target
         for workers in (2, 1):
-            server.scale(nodes[-1], workers)
-            print(f"  scaled {nodes[-1]} to {workers} worker(s)")
-            time.sleep(2)
+            server.scale(rescaled, workers)
+            print(f"  scaled {rescaled} to {workers} worker(s)")
+            time.sleep(pause_s)
         print(f"  {chaos.send_hostile()} hostile requests sent")
         print("phase 2: the frontend killed under load, then `segserve serve` again")
-        time.sleep(2)
+        time.sleep(pause_s)
         chaos.kill_frontend()
         down_from = chaos.kills[-1][1]
-        time.sleep(1)
+        time.sleep(0.5 * pause_s)
         stop.set()
         for thread in threads:
             thread.join()
@@ -304,10 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-store", default="model_store", help="built archives (segserve build)")
     parser.add_argument("--run-dir", help="the server's folder, kept for its logs (default: a new temporary folder)")
     parser.add_argument("--load-s", type=float, default=15, help="seconds of load on the restarted server (default: 15)")
+    parser.add_argument("--targets", help="comma-separated catalog targets to serve and load (default: the default DAG's family)")
+    parser.add_argument("--pause-s", type=float, default=2, help="seconds of load between two faults (default: 2)")
+    parser.add_argument("--rps", type=float, help="open-loop requests per second per target (default: a closed loop of 2 connections each)")
     args = parser.parse_args(argv)
+    if args.pause_s <= 0 or args.load_s <= 0 or (args.rps is not None and args.rps <= 0):
+        parser.error("--pause-s, --load-s and --rps must be positive")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="segserve-chaos-")).resolve()
     print(f"server folder (logs): {run_dir}")
-    return 0 if run(run_dir, Path(args.model_store).resolve(), args.load_s) else 1
+    return 0 if run(run_dir, Path(args.model_store).resolve(), args.load_s, args.targets, args.pause_s, args.rps) else 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ Starts its own TorchServe on free loopback ports (the archives in --model-store)
 alternating, a closed loop of small requests (samples/*.jpg, --concurrency connections) alone and the same
 loop while an open loop sends large JPEGs beside it. Prints small-request p50/p99 for both, the ratio, and
 the large requests' own latency: one run, so compare the rows of one run, not runs with each other.
+
+Goal (exit 1 when missed): every request, small and large, answered 200. A short form (what `make test` runs,
+tests/system/test_smoke.py): `--targets seg_jpeg_fused --seconds 2 --rounds 1`.
 """
 
 import argparse
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         server = TorchServe(Path(tmp), Path(args.model_store), ROOT / "config.properties", free_ports=True)
         targets = {t.name: t for t in served_targets(args.targets)}
         start_pipeline(server, list(targets.values()), log=lambda _: None)
+        failed = 0  # requests not answered 200, small and large
         try:
             header = ("target", "large/s", "small p50", "small p99", "small rps", "large p50", "large ok")
             print("{:16s} {:>7s} {:>10s} {:>10s} {:>9s} {:>10s} {:>8s}".format(*header))
@@ -86,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
                         rps = sum(small_result.ok) / small_result.wall_s
                         large_p50 = percentiles_ms(large_result)[0] if large_result else float("nan")
                         large_ok = f"{sum(large_result.ok)}/{len(large_result.ok)}" if large_result else "-"
+                        failed += sum(not ok for result in (small_result, large_result) if result for ok in result.ok)
                         rate = args.large_rps if with_large else 0
                         print(f"{target:16s} {rate:7.2f} {p50:10.1f} {p99:10.1f} {rps:9.1f} {large_p50:10.1f} {large_ok:>8s}")
         finally:
             server.stop()
-    return 0
+    print(f"goal {'met' if not failed else 'MISSED'}: {failed} request(s) not answered 200")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

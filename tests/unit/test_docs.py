@@ -11,6 +11,7 @@ import yaml
 
 from segserve.docs import doccheck
 from segserve.docs import reference as docs
+from segserve.docs import smoke as smoke_module
 from tests.conftest import ROOT
 
 
@@ -66,7 +67,7 @@ def test_a_command_without_a_rule_and_a_rule_naming_a_missing_test_are_found(tmp
     (tmp_path / "README.md").write_text("```bash\n.venv/bin/segserve frobnicate --now   # new\nmake test\n```\n")
     found = doccheck.commands(tmp_path)
     assert [c.text for c in found] == [".venv/bin/segserve frobnicate --now", "make test"]
-    assert doccheck.rule_for(found[0])[0] == "none" and doccheck.rule_for(found[1])[0] == "ci"
+    assert doccheck.rule_for(found[0])[0] == "none" and doccheck.rule_for(found[1])[0] == "prerequisite"  # SMOKE's entry
     monkeypatch.setattr(doccheck, "RULES", [("x", "test", "tests/test_docs.py::test_that_does_not_exist")])
     assert doccheck.missing_tests() == ["tests/test_docs.py::test_that_does_not_exist"]
 
@@ -108,3 +109,53 @@ def test_walkthroughs_that_start_the_same_server_run_as_one_script_on_one_server
         "TOKEN=$(segserve token)", "segserve predict a.jpg --target fused", "segserve serve --stop",
     ]  # fmt: skip
     assert doccheck.one_script([other]) == other
+
+
+def test_every_documented_command_and_make_target_has_a_smoke_run():
+    """#52: `make chaos` was dead while make test was green. Every .PHONY target, `segserve` command and action,
+    and documented module and script is run by a test in make test, is a prerequisite of it, or says why not."""
+    documented = smoke_module.documented_commands()
+    for command in ("make chaos", "make mix", "make fuzz", "make clean", "make setup-dev", "segserve train", "segserve results query"):
+        assert command in documented, command
+    assert smoke_module.smoke_problems() == []
+    assert doccheck.missing_tests() == []
+
+
+def test_a_command_without_a_smoke_run_a_stale_entry_and_a_smoke_test_outside_make_test_are_found(tmp_path, monkeypatch):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "Makefile").write_text(
+        ".PHONY: test lint newtarget long\nSTAMP := .venv/.installed\ntest: $(STAMP)\n\tpytest\nlint:\n\truff check .\n"
+        "newtarget:\n\ttrue\nlong:\n\tpytest -m long\n$(STAMP):\n\ttouch $@\n"
+    )
+    (tmp_path / "README.md").write_text("Run `python -m segserve.qa.newtool` or `make missing`, then make them all.\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("import pytest\n\n\n@pytest.mark.long\ndef test_long():\n    pass\n")
+    monkeypatch.setattr(smoke_module, "cli_commands", lambda: ["segserve frob"])
+    smoke = {
+        "make test": ("prerequisite", ""),
+        "make lint": ("prerequisite", ""),  # not one of test's
+        "make long": ("test", "tests/test_x.py::test_long"),  # marked long: make test does not run it
+        "make stale": ("cannot", "nothing names it"),
+    }
+    monkeypatch.setattr(smoke_module, "SMOKE", smoke)
+    assert smoke_module.documented_commands(tmp_path) == [
+        "make test", "make lint", "make newtarget", "make long", "segserve frob", "python -m segserve.qa.newtool",
+    ]  # fmt: skip
+    no_run = ": add it to SMOKE in segserve/docs/smoke.py (its test, or why it cannot run here)"
+    assert smoke_module.smoke_problems(tmp_path) == [
+        f"`make newtarget` has no smoke run{no_run}",
+        f"`segserve frob` has no smoke run{no_run}",
+        f"`python -m segserve.qa.newtool` has no smoke run{no_run}",
+        "SMOKE in segserve/docs/smoke.py lists `make stale`, which nothing names any more: remove it",
+        "SMOKE: `make lint` is no prerequisite of `make test` in the Makefile",
+        "SMOKE: `make long`: tests/test_x.py::test_long is marked long: not run by make test",
+        "README.md: `make missing`: the Makefile has no such .PHONY target",
+    ]
+
+
+def test_the_doc_check_lists_every_command_and_the_smoke_tier(capsys):
+    assert doccheck.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    tier = out.split("\nsmoke tier: ")[1]
+    assert all(f"\n{command}\n    " in tier for command in smoke_module.documented_commands())
+    assert "\n    none" not in out
