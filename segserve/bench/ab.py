@@ -30,6 +30,16 @@ from segserve.machine.identity import label, machine
 WARM_UP_S = 2.0  # of load on each side before the first round
 
 
+COST_COLUMNS = (
+    "server_cpu_ms_per_request",
+    "frontend_cpu_ms_per_request",
+    "workers_cpu_ms_per_request",
+    "client_cpu_ms_per_request",
+    "worker_outside_forward_ms",
+    "worker_forward_ms",
+)
+
+
 def checkout(root: Path, ref: str, into: Path, log=print) -> tuple[Path, bool]:
     """(the project folder of REF, whether it is a worktree made here): a folder as it is, else a git worktree."""
     if Path(ref).is_dir():
@@ -125,6 +135,7 @@ def run_ab(
         warm_up(sides, points[0], suite, bodies.bodies_for(points[0].target), log)
         windows: dict[tuple[str, str], list[float]] = {}
         measured: dict[tuple[str, str], list[float]] = {}  # each round's throughput
+        costs: dict[tuple[str, str], dict[str, list]] = {}  # each round's CPU per request, by process and stage
         for index in range(rounds):
             for deployment in sides.values() if index else ():  # round 1 has the workers the warm-up started
                 deployment.release()  # fresh workers each round: a worker's own luck is one round's noise
@@ -140,7 +151,11 @@ def run_ab(
                     windows.setdefault((point.run_id, name), []).extend(metrics["measured_window_throughputs_rps"])
                     rps = metrics["throughput_rps"]
                     measured.setdefault((point.run_id, name), []).append(rps)
-                    log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s (deployed in {deploy_s:.1f} s)")
+                    for column in COST_COLUMNS:
+                        costs.setdefault((point.run_id, name), {}).setdefault(column, []).append(metrics.get(column))
+                    cost = metrics.get("server_cpu_ms_per_request")
+                    cost_text = f", server {cost:.2f} CPU-ms a request" if cost is not None else ""
+                    log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s{cost_text} (deployed in {deploy_s:.1f} s)")
     finally:
         for deployment in sides.values():
             deployment.close()
@@ -169,6 +184,9 @@ def run_ab(
                 "b_rounds_rps": b_rounds,
                 "a_windows_rps": a,
                 "b_windows_rps": b,
+                # what a request cost each round (ms): the server's CPU by process, the client's, the handlers' stages
+                "a_rounds_cost_ms": costs.get((point.run_id, "a"), {}),
+                "b_rounds_cost_ms": costs.get((point.run_id, "b"), {}),
             }
         )
     overall = overall_change(changes, min_effect)

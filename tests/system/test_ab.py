@@ -39,10 +39,15 @@ def test_ab_measures_both_versions_in_turn_and_leaves_no_worktree(tmp_path, trai
     assert code == (1 if summary["slower"] else 0)
     assert point["verdict"] in VERDICTS and len(point["a_windows_rps"]) >= 4 and len(point["b_windows_rps"]) >= 4
     assert len(point["a_rounds_rps"]) == len(point["b_rounds_rps"]) == 2
+    # each round's cost per request: the server's CPU by process (a real TorchServe: its frontend and a worker)
+    for side in ("a_rounds_cost_ms", "b_rounds_cost_ms"):
+        cost = point[side]
+        assert len(cost["server_cpu_ms_per_request"]) == 2 and all(ms > 0 for ms in cost["frontend_cpu_ms_per_request"])
+        assert all(ms > 0 for ms in cost["workers_cpu_ms_per_request"])
     assert (summary["a"], summary["rounds"]) == ("HEAD", 2)
     assert worktrees() == before  # the worktree made for HEAD is gone
     out = capsys.readouterr().out
-    assert re.search(r"round 2 jpeg-\S+ B:", out) and re.search(r"round 1 jpeg-\S+ A:", out)
+    assert re.search(r"round 2 jpeg-\S+ B:", out) and re.search(r"round 1 jpeg-\S+ A: .* CPU-ms a request", out)
 
 
 def test_ab_b_env_reaches_bs_workers(tmp_path, trained_weights):
