@@ -235,14 +235,17 @@ def copy_into(slot: torch.Tensor, source: torch.Tensor) -> None:
 
 
 class FirstChannels(torch.nn.Module):
-    """skip_network's stand-in: the input's first channels as logits (a view: no compute, no copy)."""
+    """skip_network's stand-in: the input's first channels as logits, written out as a network writes its output
+    (a dense tensor in the input's memory format: the class map of a strided view of the input took 4.7 ms a batch
+    of 8 where a network's dense logits take 1.1; the copy, 1.6 ms, stands for the last layer's write)."""
 
     def __init__(self, num_classes: int):
         super().__init__()
         self.num_classes = num_classes
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
-        return batch[:, : self.num_classes]
+        layout = torch.channels_last if batch.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+        return batch[:, : self.num_classes].contiguous(memory_format=layout)
 
 
 class SegmentationHandler(SegserveHandler):
