@@ -70,14 +70,18 @@ def _cpu(record: dict) -> dict:
 def _benchmark(results: Path) -> dict:
     """Every point: target, workers, throughput, p99, failures, stability and flags, GPU use, CPU by group, and the
     device→host bytes of each node per request."""
-    folders = sorted(results.glob("gpu/*/summary.jsonl"))
+    folders = sorted({path.parent.parent for path in results.glob("gpu/*/runs/*.json")})
     if not folders:
         return {}
     import yaml  # there are results: the venv step worked, and yaml is in it
 
-    folder = folders[-1].parent
-    rows, runs = read_summary(folder), read_runs(folder)
-    grid = yaml.safe_load((folder / "suite.yaml").read_text())["grid"]
+    folder = folders[-1]
+    # a bench step stopped by its timeout leaves its finished points in runs/ but no summary.jsonl: the sweep's
+    # points measured so far are still the run's numbers
+    runs = read_runs(folder)
+    rows = read_summary(folder) if (folder / "summary.jsonl").exists() else list(runs.values())
+    suite_file = folder / "suite.yaml"
+    grid = yaml.safe_load(suite_file.read_text())["grid"] if suite_file.exists() else {"archive": {}}
     precision = (grid["archive"].get("precision") or ["fp32"])[0]  # records name only the parameters that vary
     workers = (grid.get("runtime", {}).get("workers") or [1])[0]
     points = []

@@ -200,3 +200,20 @@ def test_the_wheel_downloads_run_at_once_each_in_a_folder_of_its_own_and_are_mer
         + [f"pyyaml-6.0.4-cp{v.replace('.', '')}-manylinux_2_28_x86_64.whl" for v in bundle.PYTHON_VERSIONS]
     )
     assert uncompressed == [wheels / "torchserve-0.12.0-py3-none-any.whl"]
+
+
+def test_a_bench_step_stopped_by_its_timeout_still_reports_the_points_it_finished(tmp_path):
+    """The sweep's bench step may overrun its share of DEADLINE_S: its finished points are in runs/, with no
+    summary.jsonl yet; the summary reads them from there."""
+    from segserve.gpu.summary import _benchmark
+
+    folder = tmp_path / "results" / "gpu" / "20261204T000000Z"
+    (folder / "runs").mkdir(parents=True)
+    for workers, rate in ((1, 400.0), (2, 700.0)):
+        record = {"run_id": f"seg-{workers}", "target": "seg", "workers": workers, "throughput_rps": rate, "stable": True}
+        (folder / "runs" / f"seg-{workers}.json").write_text(json.dumps(record))
+    points = _benchmark(tmp_path / "results")["points"]
+    assert [(p["target"], p["workers"], p["throughput_rps"], p["flags"]) for p in points] == [
+        ("seg", 1, 400.0, []),
+        ("seg", 2, 700.0, []),
+    ]
