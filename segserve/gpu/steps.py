@@ -139,6 +139,7 @@ DRY_RUN_LOAD = {
     "stability_tolerance": 0.15,
     "bare_forward_s": 0.6,
     "max_others_share": 1.0,
+    "client_processes": 1,
 }
 # without CUDA the dry run checks that every step runs, not how fast: batches of 32 on 2 cores took 1.6 s each,
 # longer than a window, and the step 125 s; batches of 4 at 8 connections fit a window several times over

@@ -28,7 +28,11 @@ class DisturbanceSampler:
     afterwards (or while it runs) for the share of the machine others took between two times, in seconds
     since start()."""
 
-    def __init__(self, server_pids: list[int], interval_s: float = 0.25):
+    def __init__(self, server_pids: list[int], interval_s: float = 0.25, own_pids=None):
+        # own_pids() → the pids of the load generator's other processes now (segserve/bench/run/load_processes.py):
+        # theirs is this process's CPU, not others'
+        self.own_pids = own_pids or set
+        self.own: dict[int, psutil.Process] = {}
         self.processes = []
         for pid in server_pids:
             try:
@@ -50,9 +54,19 @@ class DisturbanceSampler:
                 pass
         return total
 
+    def _own_cpu_s(self) -> float:
+        total = time.process_time()
+        for pid in self.own_pids():
+            try:
+                times = self.own.setdefault(pid, psutil.Process(pid)).cpu_times()
+                total += times.user + times.system
+            except psutil.Error:  # ended between the two calls: its last CPU lands after the last window
+                pass
+        return total
+
     def _sample(self) -> None:
         busy_s, steal_s = machine_cpu_s()
-        others_s = busy_s - self._server_cpu_s() - time.process_time()
+        others_s = busy_s - self._server_cpu_s() - self._own_cpu_s()
         with self.lock:
             self.samples.append((time.monotonic() - self.started, others_s, steal_s))
 

@@ -38,6 +38,23 @@ def test_a_process_burning_a_core_is_seen_as_others_unless_it_is_the_server():
     assert others_share - server_share >= 0.2, (others_share, server_share)
 
 
+def test_the_load_generators_own_processes_are_not_others():
+    """A load spread over processes (#49): their CPU is the load generator's, as this process's is."""
+    process = burner(2.0)
+    try:
+        as_other = DisturbanceSampler([], interval_s=0.1)
+        as_own = DisturbanceSampler([], interval_s=0.1, own_pids=lambda: {process.pid})
+        for sampler in (as_other, as_own):
+            sampler.start()
+        time.sleep(1.6)
+        for sampler in (as_other, as_own):
+            sampler.stop()
+        others_share, own_share = as_other.share(0.3, 1.5)[0], as_own.share(0.3, 1.5)[0]
+    finally:
+        process.wait()
+    assert others_share - own_share >= 0.2, (others_share, own_share)
+
+
 def test_no_share_before_the_samples_cover_the_span():
     sampler = DisturbanceSampler([], interval_s=0.1)
     sampler.start()

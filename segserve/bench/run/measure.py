@@ -15,7 +15,8 @@ from pathlib import Path
 
 from segserve import ROOT
 from segserve.bench.results.stats import latency_summary, mean_interval, spread, stable_tail
-from segserve.bench.run.load import LoadSpec, run_load
+from segserve.bench.run.load import LoadSpec
+from segserve.bench.run.load_processes import live_pids, run_load_processes
 from segserve.bench.suite.spec import LoadSettings
 from segserve.machine.disturbance import DisturbanceSampler
 from segserve.machine.gpu_usage import GpuUsageSampler
@@ -52,7 +53,8 @@ def measure(
     window_s, warmup_s = load.window_s, load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
     ours = endpoint.metrics_url is not None
     # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
-    disturbance = DisturbanceSampler([pid for pids in process_groups.values() for pid in pids]) if process_groups else None
+    server_pids = [pid for pids in process_groups.values() for pid in pids] if process_groups else []
+    disturbance = DisturbanceSampler(server_pids, own_pids=live_pids) if process_groups else None
 
     def edges(result) -> list[tuple[float, float]]:
         done = int((max(result.end_s, default=0.0) - warmup_s) // window_s)
@@ -88,7 +90,7 @@ def measure(
     # disturbed windows are measured again: up to max_windows more
     budget_windows = load.max_windows * (2 if disturbance else 1)
     try:
-        result = run_load(spec, warmup_s + budget_windows * window_s, stop_early=settled, check_every_s=window_s / 2)
+        result = run_load_processes(spec, warmup_s + budget_windows * window_s, load.client_processes, settled, window_s / 2)
     finally:  # their threads end with the load, also when it fails
         if disturbance:
             disturbance.stop()
@@ -120,7 +122,7 @@ def measure(
         "throughput_ci_high_rps": interval[1] if interval else None,
         **latency_summary(ok_latencies),
         **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
-        **_client_columns(result),
+        **_client_columns(result, load.client_processes),
         "stable": stable,
         "pruned": pruned,
         "windows": len(window_rates),
@@ -165,7 +167,7 @@ def measure_phases(
     ours = endpoint.metrics_url is not None
     warmup_s = load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
     if warmup_s > 0:
-        run_load(spec(load.phases[0]), warmup_s)
+        run_load_processes(spec(load.phases[0]), warmup_s, load.client_processes)
     before = scrape(endpoint.metrics_url) if ours else {}
     sampler = ProcessSampler(process_groups) if process_groups else None
     if sampler:
@@ -175,7 +177,7 @@ def measure_phases(
     try:
         for phase in load.phases:
             started_epoch_s = time.time()
-            result = run_load(spec(phase), phase.duration_s)
+            result = run_load_processes(spec(phase), phase.duration_s, load.client_processes)
             ok = [lat for lat, good in zip(result.latency_ms, result.ok, strict=True) if good]
             windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
             phases.append(
@@ -211,7 +213,7 @@ def measure_phases(
         **latency_summary(ok_latencies),  # every phase's
         "phases": phases,
         **(_server_columns(endpoint, before, after, len(everything.status)) if ours else {}),
-        **_client_columns(everything),
+        **_client_columns(everything, load.client_processes),
         "stable": None,  # phases are measured as they come, not until they settle
         "pruned": False,
         "windows": len(phases),
@@ -243,13 +245,14 @@ def _server_columns(endpoint: Endpoint, before: dict, after: dict, requests: int
     return {**per_request_ms(before, after, models, requests), **stage_columns(handler_stages(before, after, models))}
 
 
-def _client_columns(result) -> dict:
-    """The load generator's own CPU over a run: whether it, not the server, may have been the limit."""
+def _client_columns(result, processes: int = 1) -> dict:
+    """The load generator's own CPU over a run (all its processes): whether it, not the server, may have been the
+    limit (any one process near a core of its own)."""
     client_cpu_pct = 100 * result.client_cpu_s / result.wall_s if result.wall_s else None
     return {
         "client_cpu_pct": client_cpu_pct,
         "client_cpu_ms_per_request": 1000 * result.client_cpu_s / max(len(result.status), 1),
-        "client_saturated": bool(client_cpu_pct and client_cpu_pct > CLIENT_SATURATED_PCT),
+        "client_saturated": bool(client_cpu_pct and client_cpu_pct / processes > CLIENT_SATURATED_PCT),
     }
 
 
