@@ -418,7 +418,8 @@ class SegmentationHandler(SegserveHandler):
             device_buffer = host
         copying = time.perf_counter()
         batch = self.streams.to_device(host, device_buffer)
-        self.stages.times.add("copy_ms", (time.perf_counter() - copying) * 1000)
+        if self.streams.cuda:  # on the CPU nothing is copied: no counter line a batch for it
+            self.stages.times.add("copy_ms", (time.perf_counter() - copying) * 1000)
         with self.streams.compute_context():
             if on_device:  # nvJPEG decoded those rows on the decode stream: wait for it, not for the device
                 self.streams.compute.wait_stream(self.decode_stream)

@@ -17,7 +17,6 @@ from pathlib import Path
 from segserve.qa.fuzz_inputs import Input, image_seeds, pil_bytes, raw_body
 from segserve.serving.http import Connection
 
-TARGETS = ("seg", "seg_jpeg_fused")
 RAW_NBYTES = 3 * 256 * 448 * 2  # the seed's FP16 [3, 256, 448] body
 
 
@@ -85,20 +84,20 @@ def inputs() -> list[Input]:
     return list(image_seeds()) + made
 
 
-def cpu_handler(archive: Path, scratch: Path):
-    """The archive's handler in this process on the CPU, with the archive's own handler settings."""
+def cpu_handler(target, model_store: Path, scratch: Path):
+    """A catalog target's handler in this process on the CPU, with its archive's own handler settings: the fused
+    pipeline's, or its one model's handler module (handlers/<module>.py)."""
     import yaml
 
-    from handlers.pipeline import PipelineHandler
-    from handlers.segmentation import SegmentationHandler
+    from handlers.pipeline import PipelineHandler, node_handler
     from segserve.model.worker_context import worker_context
 
-    folder = scratch / archive.stem
-    with zipfile.ZipFile(archive) as mar:
+    folder = scratch / target.name
+    with zipfile.ZipFile(model_store / target.archive) as mar:
         mar.extractall(folder)
     manifest = json.loads((folder / "MAR-INF" / "MANIFEST.json").read_text())
     config = yaml.safe_load((folder / manifest["model"]["configFile"]).read_text()) or {}
-    handler = PipelineHandler() if "spec" in (config.get("handler") or {}) else SegmentationHandler()
+    handler = PipelineHandler() if target.kind == "fused" else node_handler(target.nodes[0].model.handler)
     handler.initialize(worker_context(folder, dict(config.get("handler") or {}), manifest["model"].get("serializedFile")))
     return handler
 
@@ -124,27 +123,35 @@ def label_agreement(a: bytes, b: bytes) -> float | None:
     return float((left.labels == right.labels).float().mean())
 
 
-def check(server, model_store: Path, log=print) -> dict:
-    """Every input to every target, over HTTP, against the CPU's answer; the workers' pids before and after."""
-    items = inputs()
-    pids_before = {model: sorted(w.get("pid") for w in server.describe(model).get("workers", [])) for model in TARGETS}
+def image_targets(targets: list) -> list:
+    """The served catalog targets that take an image and answer it themselves: every model and fused target whose
+    root takes images (a workflow answers 200 with its node's error body, so its statuses say nothing)."""
+    return [t for t in targets if t.takes == "image" and t.kind != "workflow"]
+
+
+def check(server, targets: list, model_store: Path, log=print) -> dict:
+    """Every input to every image target, over HTTP, against the CPU's answer; the workers' pids before and after."""
+    items, targets = inputs(), image_targets(targets)
+    models = [model for target in targets for model in target.models]
+    pids_before = {model: sorted(w.get("pid") for w in server.describe(model).get("workers", [])) for model in models}
     rows, connection = [], Connection(server.url("inference"), server.token("inference"), timeout_s=60)
     with tempfile.TemporaryDirectory() as scratch:
-        for target in TARGETS:
-            handler = cpu_handler(model_store / f"{target}.mar", Path(scratch))
+        for target in targets:
+            handler = cpu_handler(target, model_store, Path(scratch))
             for item in items:
                 cpu_status, cpu_body = cpu_answer(handler, item.body)
                 try:
-                    reply = connection.request("POST", f"/predictions/{target}", item.body)
+                    reply = connection.request("POST", target.endpoint, item.body)
                     status, body = reply.status, reply.body
                 except OSError as error:  # no answer: a dead worker's or a dead server's
                     status, body = 0, str(error).encode()
                     connection.close()
                 same = (status // 100) == (cpu_status // 100) and status != 0
-                agreement = label_agreement(body, cpu_body) if target == "seg" and status == 200 and cpu_status == 200 else None
+                class_maps = target.gives == "class_map" and status == 200 and cpu_status == 200
+                agreement = label_agreement(body, cpu_body) if class_maps else None
                 rows.append(
                     {
-                        "target": target,
+                        "target": target.name,
                         "input": item.description,
                         "bytes": len(item.body),
                         "cpu_status": cpu_status,
@@ -155,12 +162,13 @@ def check(server, model_store: Path, log=print) -> dict:
                     }
                 )
                 if not same:
-                    log(f"{target} {item.description}: {status} here, {cpu_status} on the CPU: {body[:160]!r}")
+                    log(f"{target.name} {item.description}: {status} here, {cpu_status} on the CPU: {body[:160]!r}")
     connection.close()
-    pids_after = {model: sorted(w.get("pid") for w in server.describe(model).get("workers", [])) for model in TARGETS}
+    pids_after = {model: sorted(w.get("pid") for w in server.describe(model).get("workers", [])) for model in models}
     valid = [r for r in rows if r["cpu_status"] == 200]
     agreements = [r["label_agreement"] for r in rows if r["label_agreement"] is not None]
     return {
+        "targets": [target.name for target in targets],
         "inputs": len(items),
         "requests": len(rows),
         "valid_on_cpu": len(valid),
@@ -169,7 +177,7 @@ def check(server, model_store: Path, log=print) -> dict:
         "invalid_answered_4xx": sum(400 <= r["gpu_status"] < 500 for r in rows if r["cpu_status"] != 200),
         "mismatches": [r for r in rows if not r["same_status"]],
         "min_label_agreement": min(agreements) if agreements else None,
-        "workers_killed": sum(len(set(pids_before[m]) - set(pids_after[m])) for m in TARGETS),
+        "workers_killed": sum(len(set(pids_before[m]) - set(pids_after[m])) for m in models),
         "pids_before": pids_before,
         "pids_after": pids_after,
         "rows": rows,

@@ -82,7 +82,7 @@ def serve(out_json: Path) -> int:
                 ]
             took("samples")
             out_json.write_text(json.dumps(report, indent=2))  # what is known so far, should a later part overrun
-            report["hostile"] = hostile.check(server, ROOT / "model_store")
+            report["hostile"] = hostile.check(server, targets, ROOT / "model_store")
             took("hostile")
             hostile_rows = report["hostile"].pop("rows")
             (out_json.parent / "hostile.json").write_text(json.dumps(hostile_rows, indent=2))

@@ -53,17 +53,16 @@ def point_flags(record: dict) -> list[str]:
 
 
 def _cpu(record: dict) -> dict:
-    """CPU by process group over the point (% of one core) and per request (ms): frontend, workers, client."""
+    """CPU by process group over the point (% of one core) and per request (ms, the record's own columns)."""
     groups = record.get("server_processes") or {}
     pct = {
         "frontend": sum(g.get("cpu_pct", 0.0) for name, g in groups.items() if name == "frontend"),
         "workers": sum(g.get("cpu_pct", 0.0) for name, g in groups.items() if "/" in name),
         "client": record.get("client_cpu_pct") or 0.0,
     }
-    rate = record.get("throughput_rps") or 0.0
     return {
         "pct": {k: round(v, 1) for k, v in pct.items()},
-        "ms_per_request": {k: round(10 * v / rate, 2) if rate else None for k, v in pct.items()},
+        "ms_per_request": {k: record.get(f"{k}_cpu_ms_per_request") for k in pct},
     }
 
 
@@ -119,14 +118,10 @@ def _benchmark(results: Path) -> dict:
     return {"folder": str(folder), "points": points}
 
 
-def _goals(bench: dict, cuda: bool, members: list[str] | None = None, goals_by_pipeline: dict | None = None) -> dict:
+def _goals(bench: dict, cuda: bool, members: list[str], goals_by_pipeline: dict[str, float]) -> dict:
     """Each pipeline against its slower member at every worker count (judged from stable, unflagged points only);
     each node's device→host bytes against what it answers."""
     points = bench.get("points", [])
-    if points and members is None:
-        from segserve.gpu.steps import pipelines  # the catalog needs yaml: the venv's
-
-        members, goals_by_pipeline = pipelines()
     by_key = {(p["target"], p["workers"]): p for p in points}
     judged = []
     for workers in sorted({p["workers"] for p in points}):
@@ -186,6 +181,11 @@ def write_summary(work: Path, out: Path) -> int:
         if step["step"] != "summary":
             recorded[step["step"]] = step
     bench = _benchmark(work / "results")
+    members, goals_by_pipeline = [], {}
+    if bench.get("points"):  # there are results: the catalog's yaml is there (the venv's)
+        from segserve.gpu.steps import pipelines
+
+        members, goals_by_pipeline = pipelines()
     summary = {
         "facts": facts,
         "steps": list(recorded.values()),
@@ -193,7 +193,8 @@ def write_summary(work: Path, out: Path) -> int:
         "serve": _json(work / "serve.json"),
         "ceilings": _json(work / "ceilings.json"),
         "benchmark": bench,
-        "goals": _goals(bench, bool(facts.get("cuda"))),
+        "goals": _goals(bench, bool(facts.get("cuda")), members, goals_by_pipeline),
+        "dag": {"members": members, "pipelines": list(goals_by_pipeline)},  # the default DAG's, from the catalog
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -240,10 +241,12 @@ def _points_text(points: list[dict]) -> list[str]:
     return lines
 
 
-def _ceilings_text(ceilings: dict, points: list[dict]) -> list[str]:
-    """Each stage's best served rate beside what the stage does alone in one process on the device."""
-    if not ceilings:
+def _ceilings_text(ceilings: dict, points: list[dict], dag: dict) -> list[str]:
+    """Each stage's best served rate beside what the stage does alone in one process on the device: the DAG's root
+    member runs the network, its leaf member the JPEG encoder."""
+    if not ceilings or not dag.get("members"):
         return []
+    network, encoder = dag["members"][0], dag["members"][-1]
     best = {}
     for p in points:
         if not p["flags"] and (p["throughput_rps"] or 0) > best.get(p["target"], (0, 0))[0]:
@@ -256,18 +259,18 @@ def _ceilings_text(ceilings: dict, points: list[dict]) -> list[str]:
 
     lines = ["", f"stage ceilings in one process on {ceilings.get('device')} (served: the best stable point of the sweep)"]
     if "error" in forward:
-        lines.append(f"  seg forward+argmax: FAILED {forward['error']}")
+        lines.append(f"  {network} forward+argmax: FAILED {forward['error']}")
     elif forward:
         graph = f", {forward['cuda_graph_img_per_s']:.0f} as a CUDA graph" if forward.get("cuda_graph_img_per_s") else ""
         lines.append(
-            f"  seg: served {served('seg')}; forward+argmax {forward['eager_img_per_s']:.0f} img/s eager{graph} "
+            f"  {network}: served {served(network)}; forward+argmax {forward['eager_img_per_s']:.0f} img/s eager{graph} "
             f"({forward['precision']}, batch {forward['batch_size']})"
         )
     if "error" in jpeg:
         lines.append(f"  nvJPEG: FAILED {jpeg['error']}")
     elif jpeg:
         lines.append(
-            f"  jpeg: served {served('jpeg')}; batched encode {jpeg['encode_img_per_s']:.0f} img/s, decode "
+            f"  {encoder}: served {served(encoder)}; batched encode {jpeg['encode_img_per_s']:.0f} img/s, decode "
             f"{jpeg['decode_img_per_s']:.0f} img/s (256x448, batch {jpeg['batch_size']})"
         )
     if copies and "error" not in copies:
@@ -276,7 +279,7 @@ def _ceilings_text(ceilings: dict, points: list[dict]) -> list[str]:
             f"  host→device: {copies['pinned_gb_per_s']} GB/s pinned, {copies['pageable_gb_per_s']} pageable "
             f"({per_s:.0f} raw FP16 bodies/s pinned)"
         )
-    for name in ("seg_jpeg", "seg_jpeg_fused"):
+    for name in dag["pipelines"]:
         if best.get(name):
             lines.append(f"  {name}: served {served(name)}")
     race = ceilings.get("encoder_race", {})
@@ -300,8 +303,9 @@ def _serve_text(serve: dict) -> list[str]:
     if hostile:
         agreement = hostile["min_label_agreement"]
         lines.append(
-            f"hostile and odd inputs ({hostile['inputs']} to seg and the fused model): valid on the CPU {hostile['valid_answered_200']}/"
-            f"{hostile['valid_on_cpu']} answered 200 here, invalid {hostile['invalid_answered_4xx']}/{hostile['invalid_on_cpu']} 4xx, "
+            f"hostile and odd inputs ({hostile['inputs']} to {' and '.join(hostile['targets'])}): valid on the CPU "
+            f"{hostile['valid_answered_200']}/{hostile['valid_on_cpu']} answered 200 here, "
+            f"invalid {hostile['invalid_answered_4xx']}/{hostile['invalid_on_cpu']} 4xx, "
             f"{len(hostile['mismatches'])} otherwise than on the CPU, workers killed {hostile['workers_killed']}, "
             f"class maps agree with the CPU's on ≥ {_number(None if agreement is None else 100 * agreement, 2)}% of pixels"
         )
@@ -348,7 +352,7 @@ def summary_text(summary: dict) -> str:
             f"{goal['pipeline']} over {goal['slower_member']} at {goal['workers']} workers: {ratio} (goal ≥ {goal['goal']}) "
             f"{goal['verdict']}{why}"
         )
-    lines += _ceilings_text(summary.get("ceilings", {}), points)
+    lines += _ceilings_text(summary.get("ceilings", {}), points, summary.get("dag", {}))
     d2h = goals.get("device_to_host_is_the_answer", {})
     if d2h.get("nodes"):
         verdict = ("met" if d2h["met"] else "NOT met") if facts.get("cuda") else "no GPU: nothing copied"

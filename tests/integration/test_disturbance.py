@@ -19,20 +19,25 @@ def burner(seconds: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", BURN.format(seconds=seconds)])
 
 
-def test_a_process_burning_a_core_is_seen_as_others_unless_it_is_the_server():
-    # two samplers over the same window, the burner counted as others by one and as the server by the other:
-    # whatever else runs on the machine meanwhile is in both, so their difference is the burner alone
+def burner_share(**counted_as) -> tuple[float, float]:
+    """(others' share seen by a sampler that knows nothing of a burner, by one told of it as `counted_as`) over
+    the same window: whatever else runs on the machine meanwhile is in both, so their difference is the burner."""
     process = burner(2.0)
     try:
-        as_other, as_server = DisturbanceSampler([], interval_s=0.1), DisturbanceSampler([process.pid], interval_s=0.1)
-        for sampler in (as_other, as_server):
+        blind = DisturbanceSampler([], interval_s=0.1)
+        told = DisturbanceSampler(**{key: value(process.pid) for key, value in counted_as.items()}, interval_s=0.1)
+        for sampler in (blind, told):
             sampler.start()
         time.sleep(1.6)
-        for sampler in (as_other, as_server):
+        for sampler in (blind, told):
             sampler.stop()
-        others_share, server_share = as_other.share(0.3, 1.5)[0], as_server.share(0.3, 1.5)[0]
+        return blind.share(0.3, 1.5)[0], told.share(0.3, 1.5)[0]
     finally:
         process.wait()
+
+
+def test_a_process_burning_a_core_is_seen_as_others_unless_it_is_the_server():
+    others_share, server_share = burner_share(server_pids=lambda pid: [pid])
     # the burner keeps most of one core busy, up to 1/cores of the machine (0.5 on 2 cores): seen as others'
     # by the first, subtracted by the second
     assert others_share - server_share >= 0.2, (others_share, server_share)
@@ -40,18 +45,7 @@ def test_a_process_burning_a_core_is_seen_as_others_unless_it_is_the_server():
 
 def test_the_load_generators_own_processes_are_not_others():
     """A load spread over processes (#49): their CPU is the load generator's, as this process's is."""
-    process = burner(2.0)
-    try:
-        as_other = DisturbanceSampler([], interval_s=0.1)
-        as_own = DisturbanceSampler([], interval_s=0.1, own_pids=lambda: {process.pid})
-        for sampler in (as_other, as_own):
-            sampler.start()
-        time.sleep(1.6)
-        for sampler in (as_other, as_own):
-            sampler.stop()
-        others_share, own_share = as_other.share(0.3, 1.5)[0], as_own.share(0.3, 1.5)[0]
-    finally:
-        process.wait()
+    others_share, own_share = burner_share(server_pids=lambda pid: [], own_pids=lambda pid: lambda: {pid})
     assert others_share - own_share >= 0.2, (others_share, own_share)
 
 
