@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean setup-peers test-peers peers
+.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway setup-hey build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean setup-peers test-peers peers
 
 DEV_STAMP := $(VENV)/.installed-dev
 
@@ -64,6 +64,10 @@ setup-pushgateway:
 	@command -v prometheus-pushgateway >/dev/null || \
 	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus-pushgateway) || \
 	echo "setup-pushgateway: could not install prometheus-pushgateway; the Pushgateway tests will skip"
+
+# hey (rakyll/hey), Debian's package: benchmarks/client_vs_hey.py checks segserve's load generator against it (#49).
+setup-hey:
+	command -v hey >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q hey)
 
 build: setup
 	$(BIN)/segserve build

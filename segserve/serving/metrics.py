@@ -1,6 +1,7 @@
 """Server-side numbers: TorchServe's Prometheus counters and the CPU/RSS of its processes."""
 
 import re
+import threading
 import time
 
 import psutil
@@ -72,9 +73,12 @@ def _snake(camel: str) -> str:
 
 
 class ProcessSampler:
-    """CPU use and RSS of named groups of processes ({"frontend": [pid], "seg": [pid, ...]}) between start() and stop()."""
+    """CPU use and RSS of named groups of processes ({"frontend": [pid], "seg": [pid, ...]}) between start() and stop().
 
-    def __init__(self, groups: dict[str, list[int]]):
+    With interval_s, a thread also samples each group's CPU time every interval_s, so that between(a, b) can give it
+    over a part of the run (seconds since start(): the measured windows, not the warm-up)."""
+
+    def __init__(self, groups: dict[str, list[int]], interval_s: float | None = None):
         self.groups: dict[str, list[psutil.Process]] = {}
         for name, pids in groups.items():
             for pid in pids:
@@ -82,6 +86,11 @@ class ProcessSampler:
                     self.groups.setdefault(name, []).append(psutil.Process(pid))
                 except psutil.NoSuchProcess:
                     pass
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, dict[str, float]]] = []  # (s since start, CPU-s by group)
+        self.stopped = threading.Event()
+        self.lock = threading.Lock()
+        self.thread: threading.Thread | None = None
 
     def _cpu_s(self) -> dict[str, float]:
         totals = {}
@@ -95,12 +104,29 @@ class ProcessSampler:
                     pass
         return totals
 
+    def _sample(self) -> dict[str, float]:
+        cpu = self._cpu_s()
+        with self.lock:
+            self.samples.append((time.monotonic() - self.started, cpu))
+        return cpu
+
+    def _loop(self) -> None:
+        while not self.stopped.wait(self.interval_s):
+            self._sample()
+
     def start(self) -> None:
-        self.started, self.cpu_start = time.monotonic(), self._cpu_s()
+        self.started = time.monotonic()
+        self.cpu_start = self._sample()
+        if self.interval_s:
+            self.thread = threading.Thread(target=self._loop, name="process-cpu", daemon=True)
+            self.thread.start()
 
     def stop(self) -> dict:
         wall_s = time.monotonic() - self.started
-        cpu_end = self._cpu_s()
+        if self.thread:
+            self.stopped.set()
+            self.thread.join()
+        cpu_end = self._sample()
         per_group = {}
         for name, processes in self.groups.items():
             rss = 0
@@ -117,18 +143,38 @@ class ProcessSampler:
             "server_processes": per_group,
         }
 
+    def between(self, spans: list[tuple[float, float]]) -> dict[str, float]:
+        """CPU-s by group over the spans (seconds since start()), from the samples nearest their bounds; {} when the
+        samples do not cover them."""
+        with self.lock:
+            samples = list(self.samples)
+        if not spans or len(samples) < 2 or samples[-1][0] < max(b for _, b in spans) - (self.interval_s or 0.0):
+            return {}
+        totals = dict.fromkeys(self.groups, 0.0)
+        for from_s, to_s in spans:
+            first = min(samples, key=lambda s: abs(s[0] - from_s))[1]
+            last = min(samples, key=lambda s: abs(s[0] - to_s))[1]
+            for name in totals:
+                totals[name] += last.get(name, 0.0) - first.get(name, 0.0)
+        return totals
 
-def cpu_ms_per_request(server_processes: dict, requests: int) -> dict:
-    """The server's CPU per request answered over the same span (the whole load run, warm-up included), by role:
-    the frontend (TorchServe's JVM), the workers (groups "<model>/<pid>"), both with the rest ("other")."""
-    if requests <= 0 or not server_processes:
+
+def cpu_ms_per_request(cpu_s_by_group: dict[str, float], requests: int, suffix: str = "") -> dict:
+    """The server's CPU per request answered over one span, by role: the frontend (TorchServe's JVM), the workers
+    (groups "<model>/<pid>"), both with the rest ("other"). cpu_s_by_group: {group: CPU-s} over that span."""
+    if requests <= 0 or not cpu_s_by_group:
         return {}
 
     def ms(names) -> float:
-        return round(1000 * sum(server_processes[name]["cpu_s"] for name in names) / requests, 3)
+        return round(1000 * sum(cpu_s_by_group[name] for name in names) / requests, 3)
 
     return {
-        "frontend_cpu_ms_per_request": ms([n for n in server_processes if n == "frontend"]),
-        "workers_cpu_ms_per_request": ms([n for n in server_processes if "/" in n]),
-        "server_cpu_ms_per_request": ms(list(server_processes)),
+        f"frontend_cpu_ms_per_request{suffix}": ms([n for n in cpu_s_by_group if n == "frontend"]),
+        f"workers_cpu_ms_per_request{suffix}": ms([n for n in cpu_s_by_group if "/" in n]),
+        f"server_cpu_ms_per_request{suffix}": ms(list(cpu_s_by_group)),
     }
+
+
+def cpu_s_of(server_processes: dict) -> dict[str, float]:
+    """{group: CPU-s} of ProcessSampler.stop()'s server_processes (the whole run)."""
+    return {name: group["cpu_s"] for name, group in server_processes.items()}

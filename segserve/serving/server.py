@@ -204,6 +204,11 @@ class TorchServe:
             self.stop()
             raise
 
+    def grpc_inference_url(self) -> str | None:
+        """grpc://host:port of its gRPC inference API (None where enable_grpc=false)."""
+        found = [(host, port) for key, host, port in self.ports() if key == "grpc_inference_port"]
+        return f"grpc://{found[0][0]}:{found[0][1]}" if found else None
+
     def ports(self) -> list[tuple[str, str, int]]:
         """(config key, host, port) of each TCP port the server listens on, from run_dir/config.properties."""
         config = read_properties(self.config_path)

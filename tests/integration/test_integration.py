@@ -183,3 +183,20 @@ def test_a_model_registered_with_two_workers_has_two(server):
         assert described["minWorkers"] == described["maxWorkers"] == 2
     finally:
         server.call("management", "DELETE", "/models/jpeg_two")
+
+
+def test_the_load_generator_over_grpc_counts_the_same_answers_as_over_http(server):
+    """load.protocol grpc: TorchServe's gRPC API answers a refused row with OK and the handler's error body; the load
+    generator counts it as the 400 it is over HTTP, a good row as 200, and a wrong token as refused."""
+    from segserve.bench.run.load import LoadSpec, run_load
+
+    good = encode_png(make_sample(5_000_401)[0]).numpy().tobytes()
+    token = server.token("inference")
+    counts = {}
+    for protocol, url, path in (("http", server.url("inference"), "/predictions/seg"), ("grpc", server.grpc_inference_url(), "seg")):
+        result = run_load(LoadSpec(url=url, path=path, bodies=[good, b"garbage"], token=token, concurrency=1), 1.5)
+        counts[protocol] = result.status_counts()
+        assert set(counts[protocol]) == {"200", "400"}, counts  # one connection: good and garbage in turn
+        assert abs(counts[protocol]["200"] - counts[protocol]["400"]) <= 1
+    refused = run_load(LoadSpec(url=server.grpc_inference_url(), path="seg", bodies=[good], token="wrong", concurrency=1), 0.3)
+    assert set(refused.status_counts()) == {"403"}

@@ -1,14 +1,18 @@
 """The serving path's own cost (#49): a seg handler with no network, the handlers' time split by stage, and the
 server's CPU per request by role."""
 
+import subprocess
+import sys
+import time
 import types
 
+import pytest
 import torch
 
 from handlers import classmap
 from handlers.segmentation import SegmentationHandler
 from segserve.bench.run.measure import worker_stage_columns
-from segserve.serving.metrics import cpu_ms_per_request
+from segserve.serving.metrics import ProcessSampler, cpu_ms_per_request, cpu_s_of
 from tests.conftest import make_context, status_of, with_rows
 
 RAW_SHAPE = (3, 256, 448)
@@ -65,12 +69,36 @@ def test_the_servers_cpu_per_request_is_split_into_frontend_and_workers():
         "seg/102": {"cpu_s": 1.0},
         "other": {"cpu_s": 0.5},
     }
-    assert cpu_ms_per_request(processes, 1000) == {
+    assert cpu_ms_per_request(cpu_s_of(processes), 1000) == {
         "frontend_cpu_ms_per_request": 3.0,
         "workers_cpu_ms_per_request": 3.0,
         "server_cpu_ms_per_request": 6.5,
     }
-    assert cpu_ms_per_request(processes, 0) == {}
+    assert cpu_ms_per_request(cpu_s_of(processes), 1000, "_whole_run")["server_cpu_ms_per_request_whole_run"] == 6.5
+    assert cpu_ms_per_request(cpu_s_of(processes), 0) == {}
+
+
+def test_the_process_sampler_gives_a_groups_cpu_over_the_measured_windows_only(tmp_path):
+    stop = tmp_path / "stop"  # the burner spins until this exists, then sleeps: busy, then idle, on the test's clock
+    code = f"import os, time\nwhile not os.path.exists({str(stop)!r}): pass\ntime.sleep(60)"
+    burner = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        sampler = ProcessSampler({"frontend": [burner.pid]}, interval_s=0.05)
+        sampler.start()
+        time.sleep(1.0)
+        stop.touch()
+        stopped_s = time.monotonic() - sampler.started
+        time.sleep(0.8)
+        whole = sampler.stop()["server_processes"]["frontend"]["cpu_s"]
+        busy = sampler.between([(0.2, stopped_s - 0.1)])["frontend"]
+        idle = sampler.between([(stopped_s + 0.2, stopped_s + 0.75)])["frontend"]
+        assert busy > 0.05 and idle <= 0.03 and whole >= busy
+        both = sampler.between([(0.2, stopped_s - 0.1), (stopped_s + 0.2, stopped_s + 0.75)])["frontend"]
+        assert abs(both - (busy + idle)) < 1e-9  # spans add up
+        assert sampler.between([(0.0, 60.0)]) == {}  # not covered by its samples
+    finally:
+        burner.kill()
+        burner.wait()
 
 
 def test_labels_of_gives_argmaxs_bytes_for_every_class_count_ties_nan_and_inf():
@@ -92,3 +120,19 @@ def test_a_raw_body_is_staged_into_a_channels_last_row_with_the_same_values():
         buffer = torch.full((2, *RAW_SHAPE), float("nan")).contiguous(memory_format=layout)
         copy_into(buffer[1], raw)
         assert torch.equal(buffer[1], raw.float()) and buffer[0].isnan().all()
+
+
+def test_grpc_load_is_refused_for_a_workflow_or_a_server_that_is_not_torchserve():
+    from segserve.bench.run.measure import Endpoint, _load_spec
+    from segserve.bench.suite.spec import LoadSettings
+    from segserve.errors import RuntimeFailure
+
+    model = Endpoint("http://127.0.0.1:1", "/predictions/seg", "t", {}, "http://127.0.0.1:3", ("seg",), "grpc://127.0.0.1:4")
+    spec = _load_spec(model, LoadSettings(), [b"x"], 2, None, "grpc")
+    assert (spec.url, spec.path, spec.token) == ("grpc://127.0.0.1:4", "seg", "t")
+    assert _load_spec(model, LoadSettings(), [b"x"], 2, None, None).url == "http://127.0.0.1:1"
+    workflow = Endpoint("http://127.0.0.1:1", "/wfpredict/seg_jpeg", "t", {}, "http://127.0.0.1:3", ("seg_jpeg",), "grpc://127.0.0.1:4")
+    other = Endpoint("http://127.0.0.1:1", "/v2/models/m/infer", None, {}, None, ())
+    for endpoint in (workflow, other):
+        with pytest.raises(RuntimeFailure, match="gRPC inference API serves models"):
+            _load_spec(endpoint, LoadSettings(), [b"x"], 2, None, "grpc")

@@ -81,7 +81,8 @@ class Deployment:
         self.ensure_registered(point, target)
         self.ensure_workers(point, target)
         server = self.server
-        return Endpoint(server.url("inference"), target.endpoint, server.token("inference"), {}, server.url("metrics"), target.models)
+        grpc = server.grpc_inference_url()
+        return Endpoint(server.url("inference"), target.endpoint, server.token("inference"), {}, server.url("metrics"), target.models, grpc)
 
     # A command target ---------------------------------------------------------------
     def ensure_command(self, point: Point) -> Endpoint:

@@ -1,4 +1,5 @@
-"""Load generator: closed or open loop over hand-written keep-alive HTTP/1.1, recording every request.
+"""Load generator: closed or open loop over hand-written keep-alive HTTP/1.1 (or TorchServe's gRPC inference API, a
+url grpc://host:port: grpc_load.py), recording every request.
 
 Closed loop: `concurrency` connections, each sends its next request when the previous response arrives.
 Open loop: send times are fixed up front (`arrival_schedule`); a request waits for a free connection and its
@@ -26,8 +27,8 @@ RECONNECT_PAUSE_S = 0.01
 
 @dataclass
 class LoadSpec:
-    url: str  # base URL, loopback only: "http://127.0.0.1:8080"
-    path: str
+    url: str  # base URL, loopback only: "http://127.0.0.1:8080", or "grpc://127.0.0.1:7070" (TorchServe's gRPC inference API)
+    path: str  # grpc://: the model's name (or name/version)
     bodies: list[bytes]  # used round-robin, one counter across all connections
     token: str | None = None
     concurrency: int = 1  # closed loop: connections; open loop: the most requests in flight
@@ -40,12 +41,17 @@ class LoadSpec:
 
     def __post_init__(self):
         parts = urlsplit(self.url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"{self.url!r}: the load generator speaks plain HTTP; give a base URL like 'http://127.0.0.1:8080'")
+        if parts.scheme not in ("http", "grpc") or not parts.hostname:
+            raise ValueError(
+                f"{self.url!r}: the load generator speaks plain HTTP or TorchServe's gRPC; give a base URL like 'http://127.0.0.1:8080'"
+                " or 'grpc://127.0.0.1:7070'"
+            )
         if not _is_loopback(parts.hostname):
             raise ValueError(f"{self.url!r}: the load generator only sends to loopback; give a URL like 'http://127.0.0.1:8080'")
-        if not self.path.startswith("/"):
+        if parts.scheme == "http" and not self.path.startswith("/"):
             raise ValueError(f"{self.path!r}: path must start with '/', like '/predictions/seg'")
+        if parts.scheme == "grpc" and (not self.path or self.path.startswith("/")):
+            raise ValueError(f"{self.path!r}: over gRPC the path is a model's name (or name/version), like 'seg'")
         if not self.bodies:
             raise ValueError("bodies is empty: give at least one request body")
         if self.concurrency < 1:
@@ -191,6 +197,9 @@ class _Connection:
             self.writer.close()
         self.reader = self.writer = None
 
+    async def aclose(self) -> None:
+        self.close()
+
 
 async def _send(connection: _Connection, request: bytes, timeout_s: float) -> int:
     try:
@@ -209,25 +218,36 @@ class _Run:
         self.spec = spec
         parts = urlsplit(spec.url)
         self.host, self.port = parts.hostname, parts.port or 80
-        head = f"POST {spec.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-        if spec.token:
-            head += f"Authorization: Bearer {spec.token}\r\n"
-        head += "".join(f"{name}: {value}\r\n" for name, value in spec.headers.items())
-        self.requests = [
-            (head + f"Content-Type: {getattr(body, 'content_type', spec.content_type)}\r\nContent-Length: {len(body)}\r\n\r\n").encode(
-                "latin-1"
-            )
-            + body
-            for body in spec.bodies
-        ]
+        self.grpc = parts.scheme == "grpc"
+        if self.grpc:  # imported here: grpcio and protoc load only for a gRPC run
+            from segserve.bench.run import grpc_load
+
+            self.grpc_connection = grpc_load.GrpcConnection
+            self.requests = [grpc_load.request_bytes(spec.path, body) for body in spec.bodies]
+        else:
+            self.requests = self._http_requests(spec, parts)
         self.sent = 0
-        self.connections: list[_Connection] = []
+        self.connections: list = []  # _Connection or grpc_load.GrpcConnection
         self.in_flight: set[asyncio.Task] = set()
         self.result = LoadResult()
         self.stop_s: float | None = None
         self.sleeping_until_s: float | None = None
         self.t0 = time.monotonic()
         self.cpu0 = time.process_time()
+
+    @staticmethod
+    def _http_requests(spec: LoadSpec, parts) -> list[bytes]:
+        head = f"POST {spec.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        if spec.token:
+            head += f"Authorization: Bearer {spec.token}\r\n"
+        head += "".join(f"{name}: {value}\r\n" for name, value in spec.headers.items())
+        return [
+            (head + f"Content-Type: {getattr(body, 'content_type', spec.content_type)}\r\nContent-Length: {len(body)}\r\n\r\n").encode(
+                "latin-1"
+            )
+            + body
+            for body in spec.bodies
+        ]
 
     def now_s(self) -> float:
         return time.monotonic() - self.t0
@@ -237,8 +257,11 @@ class _Run:
         self.sent += 1
         return request
 
-    def connection(self) -> _Connection:
-        self.connections.append(_Connection(self.host, self.port))
+    def connection(self):
+        if self.grpc:
+            self.connections.append(self.grpc_connection(self.host, self.port, self.spec.token))
+        else:
+            self.connections.append(_Connection(self.host, self.port))
         return self.connections[-1]
 
     def snapshot(self) -> LoadResult:
@@ -311,8 +334,7 @@ class _Run:
                     task.result()  # re-raise a sender's crash rather than return a partial result
             await asyncio.gather(*self.in_flight)
         finally:
-            for connection in self.connections:
-                connection.close()
+            await asyncio.gather(*(connection.aclose() for connection in self.connections))
         self.result.wall_s, self.result.client_cpu_s = self.now_s(), time.process_time() - self.cpu0
         return self.result
 

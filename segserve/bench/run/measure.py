@@ -18,11 +18,15 @@ from segserve.bench.results.stats import latency_summary, mean_interval, spread,
 from segserve.bench.run.load import LoadSpec
 from segserve.bench.run.load_processes import live_pids, run_load_processes
 from segserve.bench.suite.spec import LoadSettings
+from segserve.errors import RuntimeFailure
 from segserve.machine.disturbance import DisturbanceSampler
 from segserve.machine.gpu_usage import GpuUsageSampler
-from segserve.serving.metrics import ProcessSampler, cpu_ms_per_request, handler_stages, per_request_ms, scrape
+from segserve.serving.metrics import ProcessSampler, cpu_ms_per_request, cpu_s_of, handler_stages, per_request_ms, scrape
 
 CLIENT_SATURATED_PCT = 80.0  # of one core: above this the generator itself may be the limit
+
+
+MODEL_PATH = "/predictions/"  # a model's inference path; what follows is its name (or name/version)
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class Endpoint:
     headers: dict
     metrics_url: str | None  # None: not ours (an http target): no server columns
     models: tuple[str, ...]  # TorchServe models whose counters describe it
+    grpc_url: str | None = None  # TorchServe's gRPC inference API (grpc://host:port), for load.protocol grpc
 
 
 def measure(
@@ -49,7 +54,8 @@ def measure(
     """The metrics of one point: throughput and latency from the stable windows, server columns where it is ours.
     fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more).
     prune(window rates so far) → True: the point is hopeless (a search's pruner): stop measuring it, `pruned`."""
-    spec = _load_spec(endpoint, load, bodies, params.get("concurrency", load.max_connections), params.get("request_rate_rps"))
+    concurrency, rate_rps = params.get("concurrency", load.max_connections), params.get("request_rate_rps")
+    spec = _load_spec(endpoint, load, bodies, concurrency, rate_rps, params.get("protocol"))
     window_s, warmup_s = load.window_s, load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
     ours = endpoint.metrics_url is not None
     # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
@@ -82,7 +88,8 @@ def measure(
         return stable_tail(so_far, load.stable_windows, load.stability_tolerance) or len(spans) >= load.max_windows
 
     before = scrape(endpoint.metrics_url) if ours else {}
-    sampler = ProcessSampler(process_groups) if process_groups else None
+    # every half window: the server's CPU over the measured windows, as the disturbance sampler's shares
+    sampler = ProcessSampler(process_groups, interval_s=window_s / 4) if process_groups else None
     gpu = GpuUsageSampler()  # the machine's GPUs, whoever's the server is (an http target's too)
     for started in (sampler, disturbance, gpu):
         if started:
@@ -137,9 +144,10 @@ def measure(
         "disturbed": disturbed if disturbance else None,
         "warmup_s": warmup_s,
         **server_usage,
-        **cpu_ms_per_request(server_usage.get("server_processes", {}), len(result.status)),
-        # over the windows the numbers come from (its clock starts with the load's, as the disturbance sampler's);
-        # the server's CPU (server_usage) is over the whole run, warm-up included
+        # the server's CPU per request over the windows the numbers come from (the sampler's clock starts with the
+        # load's, as the disturbance sampler's), and over the whole run, warm-up and a fresh JVM's compiles included
+        **cpu_ms_per_request(sampler.between(used) if sampler else {}, len(measured.status)),
+        **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(result.status), "_whole_run"),
         **gpu.columns(used),
     }
 
@@ -162,7 +170,7 @@ def measure_phases(
         if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
             rate = params.get("request_rate_rps")
         concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
-        return _load_spec(endpoint, load, bodies_by_phase[phase.name], concurrency, rate)
+        return _load_spec(endpoint, load, bodies_by_phase[phase.name], concurrency, rate, params.get("protocol"))
 
     ours = endpoint.metrics_url is not None
     warmup_s = load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
@@ -220,15 +228,23 @@ def measure_phases(
         "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],
         "warmup_s": warmup_s,
         **server_usage,
-        **cpu_ms_per_request(server_usage.get("server_processes", {}), len(everything.status)),
+        # phases are measured as they come: every request counts, and so does the server's CPU over all of them
+        **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(everything.status)),
         **gpu_usage,
     }
 
 
-def _load_spec(endpoint: Endpoint, load: LoadSettings, bodies: list[bytes], concurrency: int, rate_rps: float | None) -> LoadSpec:
+def _load_spec(
+    endpoint: Endpoint, load: LoadSettings, bodies: list[bytes], concurrency: int, rate_rps: float | None, protocol: str | None = None
+) -> LoadSpec:
+    url, path = endpoint.url, endpoint.path
+    if protocol == "grpc":  # TorchServe's gRPC inference API serves models by name, not workflows or other servers
+        if endpoint.grpc_url is None or not path.startswith(MODEL_PATH):
+            raise RuntimeFailure(f"load.protocol grpc: TorchServe's gRPC inference API serves models, not {url}{path}; use http here")
+        url, path = endpoint.grpc_url, path.removeprefix(MODEL_PATH)
     return LoadSpec(
-        url=endpoint.url,
-        path=endpoint.path,
+        url=url,
+        path=path,
         bodies=bodies,
         token=endpoint.token,
         headers=endpoint.headers,
@@ -387,7 +403,6 @@ def run_accuracy(
     """{iou, iou_eager, agreement, images, load_s} of a network variant against eager fp32 (segserve/model/accuracy.py),
     and with `shapes` its forward throughput at each ({"forward": [entries]}), in one process; raises
     RuntimeFailure with the reason when the variant cannot be loaded or run."""
-    from segserve.errors import RuntimeFailure
 
     command = [*bare_command(weights, threads, variant, python), "--accuracy", str(images), "--seconds", str(seconds)]
     done = _run_bare_command(command + [arg for shape in shapes for arg in ("--shape", shape)], threads, 900, env)

@@ -180,6 +180,12 @@ PARAMS = {
         ),
         Param("concurrency", "load", PositiveInt, doc="closed loop: connections"),
         Param("request_rate_rps", "load", Annotated[float, Field(gt=0)], doc="open loop: arrivals per second"),
+        Param(
+            "protocol",
+            "load",
+            Literal["http", "grpc"],
+            doc="http (unset): the REST API; grpc: TorchServe's gRPC inference API (model targets; a channel per connection)",
+        ),
     ]
 }
 
