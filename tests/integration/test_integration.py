@@ -200,3 +200,18 @@ def test_the_load_generator_over_grpc_counts_the_same_answers_as_over_http(serve
         assert abs(counts[protocol]["200"] - counts[protocol]["400"]) <= 1
     refused = run_load(LoadSpec(url=server.grpc_inference_url(), path="seg", bodies=[good], token="wrong", concurrency=1), 0.3)
     assert set(refused.status_counts()) == {"403"}
+
+
+def test_every_worker_runs_with_the_servers_environment_defaults(server):
+    """SERVER_ENV (OMP_WAIT_POLICY, glibc's malloc thresholds) reaches each worker, unless the caller's sets them."""
+    import os
+
+    from segserve.serving.server import SERVER_ENV
+
+    expected = {name: os.environ.get(name, value) for name, value in SERVER_ENV.items()}
+    workers = [int(w["pid"]) for w in server.describe("seg")["workers"]]
+    assert workers
+    for pid in workers:
+        pairs = (item.partition(b"=") for item in open(f"/proc/{pid}/environ", "rb").read().split(b"\0") if item)
+        environ = {name.decode(): value.decode() for name, _, value in pairs}
+        assert {name: environ.get(name) for name in SERVER_ENV} == expected
