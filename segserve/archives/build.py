@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.catalog import Catalog, Dag, NodeModel, Target
+from segserve.archives.registration import model_config_entry
 from segserve.errors import RuntimeFailure, UsageError
 
 # A worker that compiles its network (optimize compile/int8/ipex) takes tens of seconds to load on 2 cores:
@@ -68,7 +69,8 @@ def write_model_config(source: Path, target: Path, handler_overrides: dict, regi
 def default_fused_config(dag: Dag) -> dict:
     """The fused twin's config when model_config/<dag>_fused.yaml is not there: the spec, one worker."""
     handler = {"spec": dag.spec_path.name}
-    return {"minWorkers": 1, "maxWorkers": 1, "batchSize": 8, "maxBatchDelay": 5, "responseTimeout": 120, "handler": handler}
+    registration = model_config_entry({"batch_size": 8, "max_batch_delay_ms": 5, "response_timeout": 120}, workers=1)
+    return {**registration, "handler": handler}
 
 
 def node_handler_settings(model: NodeModel, settings: dict) -> dict:

@@ -17,12 +17,11 @@ from pathlib import Path
 import yaml
 
 from handlers.dag import parse_dag
+from segserve.archives.registration import WORKFLOW_MODEL_KEYS
 from segserve.errors import UsageError
 
 BODY_KINDS = ("image", "class_map", "jpeg", "json")  # what a node takes or gives
 FUSED_SUFFIX = "_fused"
-# The TorchServe keys a workflow spec's `models:` may set for all nodes or per node.
-WORKFLOW_MODEL_KEYS = ("min-workers", "max-workers", "batch-size", "max-batch-delay", "retry-attempts", "timeout-ms")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from segserve.archives.catalog import WORKFLOW_MODEL_KEYS, Node, NodeModel, Target
+from segserve.archives.catalog import Node, NodeModel, Target
+from segserve.archives.registration import WORKFLOW_MODEL_KEYS
 from segserve.archives.remote import cache_folder, fetch, folder_of, is_remote, joined, local_path
 from segserve.errors import RuntimeFailure, UsageError
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from segserve.archives.registration import WORKERS_WORKFLOW
 from segserve.autoscale.rules import (
     TORCHSERVE,
     Bounds,
@@ -64,7 +65,8 @@ def node_bounds(spec_models: dict, nodes: dict[str, str]) -> dict[str, Bounds]:
     bounds = {}
     for node, model in nodes.items():
         given = spec_models.get(node) or {}
-        bounds[model] = Bounds(int(given.get("min-workers", 1)), int(given.get("max-workers", 64)))
+        least, most = WORKERS_WORKFLOW
+        bounds[model] = Bounds(int(given.get(least, 1)), int(given.get(most, 64)))
     return bounds
 
 

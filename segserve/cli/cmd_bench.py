@@ -155,44 +155,41 @@ def run_collect(args) -> int:
 
 
 def run_suite(args) -> int:
-    from segserve.bench.run.session import carries_weights, check_rounds, check_storage, describe_search, plan_points, strategy_for
+    from segserve.bench.run.session import SuiteRun, carries_weights, describe_search, prepare, strategy_for
     from segserve.bench.run.session import run_suite as run_points
-    from segserve.bench.search import study
     from segserve.bench.suite import plan
     from segserve.bench.suite.spec import load_suite
 
     suite_path, known = Path(args.suite), catalog()
-    suite = load_suite(suite_path, known)
-    points = plan_points(suite, known, Path(args.weights))
     if args.heartbeat_s < 1:
         raise UsageError(f"--heartbeat-s must be ≥ 1 (got {args.heartbeat_s})")
-    if args.dry_run:
-        check_rounds(suite, args.rounds, Path(args.resume) if args.resume else None, args.storage)
-        check_storage(suite, args.storage)
-        storage = study.open_storage(args.storage, None, args.heartbeat_s) if args.storage else None  # reachable?
-        strategy_for(suite, known, points, storage)  # refused as the run would: a budget larger than the space, auto without members
-        print(plan.describe(suite, points))
-        print(describe_search(suite, known, points))
-        if args.rounds > 1:
-            print(f"--rounds {args.rounds}: every point measured {args.rounds} times, so about {args.rounds}× the time above")
-        if carries_weights(suite, known) and not Path(args.weights).exists():
-            print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
-        return 0
-    resume = Path(args.resume) if args.resume else None
-    from segserve.bench.results.export import checked
-
-    exports = checked(args.export, args.endpoint_url)  # credentials, bucket, namespace: now, not after measuring
-    run_points(
+    run = SuiteRun(
         suite_path,
-        suite,
+        load_suite(suite_path, known),
         known,
         Path(args.results),
         Path(args.weights),
-        resume,
+        Path(args.resume) if args.resume else None,
         storage_url=args.storage,
         port_base=args.port_base,
         heartbeat_s=args.heartbeat_s,
-        exports=exports,
         rounds=args.rounds,
     )
+    if args.dry_run:
+        prepared = prepare(run)  # the run's own checks: rounds, storage (reachable?), --resume
+        # refused as the run would: a budget larger than the space, auto without members
+        strategy_for(run.suite, known, prepared.points, prepared.storage)
+        print(plan.describe(run.suite, prepared.points))
+        print(describe_search(run.suite, known, prepared.points))
+        if args.rounds > 1:
+            print(f"--rounds {args.rounds}: every point measured {args.rounds} times, so about {args.rounds}× the time above")
+        if carries_weights(run.suite, known) and not run.weights.exists():
+            print(f"({args.weights} is not there yet: the run ids of targets built from it change once it is)")
+        return 0
+    from dataclasses import replace
+
+    from segserve.bench.results.export import checked
+
+    exports = checked(args.export, args.endpoint_url)  # credentials, bucket, namespace: now, not after measuring
+    run_points(replace(run, exports=exports))
     return 0

@@ -15,10 +15,9 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.foreign import WAR_MANIFEST
+from segserve.archives.registration import WORKFLOW_MODEL_KEYS  # a spec's `models:` keys that are not nodes
 from segserve.errors import UsageError
 
-# keys of a spec's `models:` that are the workflow's defaults, not nodes (WorkFlow.java)
-WORKFLOW_KEYS = {"min-workers", "max-workers", "batch-size", "max-batch-delay", "retry-attempts", "timeout-ms"}
 MAR_MANIFEST = "MAR-INF/MANIFEST.json"
 
 
@@ -69,7 +68,7 @@ def read_workflow(war: Path, model_store: Path) -> Workflow:
     archives = {}
     for node in order:
         entry = models.get(node)
-        if node in WORKFLOW_KEYS or (entry is not None and not isinstance(entry, dict)):
+        if node in WORKFLOW_MODEL_KEYS or (entry is not None and not isinstance(entry, dict)):
             raise UsageError(f"{where}: node {node}: its models: entry is not a mapping with a url")
         if entry is None:
             _check_function(where, node, handler, functions_source)

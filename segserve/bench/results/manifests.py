@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from segserve.archives.registration import REGISTRATIONS, model_config_entry
 from segserve.bench.suite.params import PARAMS
 from segserve.serving.cores import load_plan
 from segserve.serving.ts_config import render_config
@@ -58,7 +59,7 @@ def served_foreign(target, foreign, chosen: dict) -> Served:
     def value(node: str, param: str):
         return chosen.get(f"{node}_{param}", chosen.get(param))
 
-    params = ("workers", "batch_size", "max_batch_delay_ms", "response_timeout")
+    params = ("workers", *REGISTRATIONS)
     if foreign.kind == "model":
         values = {param: value(target.name, param) for param in params}
         return Served(target.name, "model", foreign.path.name, {target.name: values}, mar_version(foreign.path))
@@ -123,15 +124,8 @@ def snapshot(served: Served) -> str:
     """TorchServe's model_snapshot: the models it registers at start, with their workers and batching."""
     models = {}
     for model, values in served.registrations.items():
-        entry = {
-            "defaultVersion": True,
-            "marName": served.archive,
-            "minWorkers": values["workers"] or 1,
-            "maxWorkers": values["workers"] or 1,
-        }
-        for key, param in (("batchSize", "batch_size"), ("maxBatchDelay", "max_batch_delay_ms"), ("responseTimeout", "response_timeout")):
-            if values.get(param) is not None:
-                entry[key] = values[param]
+        entry = {"defaultVersion": True, "marName": served.archive}
+        entry.update(model_config_entry({name: values.get(name) for name in REGISTRATIONS}, values["workers"] or 1))
         models[model] = {served.version: entry}
     return json.dumps({"name": "startup.cfg", "modelCount": len(models), "models": models}, separators=(",", ":"))
 

@@ -9,26 +9,23 @@ from pathlib import Path
 
 import yaml
 
+from segserve.archives import registration
 from segserve.archives.catalog import Catalog
+from segserve.archives.registration import REGISTRATIONS, workflow_entry
 from segserve.bench.results.analysis import Analysis
 from segserve.bench.results.manifests import served_foreign, write_manifests
 from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
 from segserve.bench.results.report import write_report
 from segserve.bench.results.store import write_summary
-from segserve.bench.suite.params import PARAMS
-from segserve.bench.suite.plan import spec_entry
 from segserve.bench.suite.spec import Suite
 from segserve.machine.identity import label
 from segserve.serving.ts_config import render_config
 
-# The registration values a record holds: (TorchServe's registration key, the record's param), from the params' table
-REGISTRATION_PARAMS = tuple((p.registration, p.name) for p in PARAMS.values() if p.registration)
-
 
 def registration_of(chosen: dict, prefix: str = "") -> dict:
-    """The registration values of a record, DAG-wide or of one node (prefix `<node>_`), as plan.spec_entry takes them."""
-    return {key: chosen[prefix + name] for key, name in REGISTRATION_PARAMS if chosen.get(prefix + name) is not None}
+    """The registration values of a record ({name: value}), DAG-wide or of one node (prefix `<node>_`)."""
+    return {name: chosen[prefix + name] for name in REGISTRATIONS if chosen.get(prefix + name) is not None}
 
 
 @dataclass
@@ -134,10 +131,10 @@ class Best(Sink):
         dag = self.catalog.dags[target.dag]
         spec = yaml.safe_load(dag.spec_path.read_text())
         # DAG-wide, then each node's own (a node's param is <node>_<param>), as the point's .war had them
-        spec["models"].update(spec_entry(registration_of(chosen), None))
+        spec["models"].update(workflow_entry(registration_of(chosen)))
         for node in dag.nodes:
             workers = chosen.get(f"{node}_workers") or chosen["workers"]
-            spec["models"][node].update(spec_entry(registration_of(chosen, f"{node}_"), workers))
+            spec["models"][node].update(workflow_entry(registration_of(chosen, f"{node}_"), workers))
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
 
@@ -153,21 +150,15 @@ class Best(Sink):
         management = "${TS_MANAGEMENT:-http://127.0.0.1:8081}"
         if foreign.kind == "model":
             query = f"url={foreign.path.name}&model_name={target.name}&initial_workers={chosen['workers']}&synchronous=true"
-            for param, key in (
-                ("batch_size", "batch_size"),
-                ("max_batch_delay_ms", "max_batch_delay"),
-                ("response_timeout", "response_timeout"),
-            ):
-                if chosen.get(param) is not None:
-                    query += f"&{key}={chosen[param]}"
+            query += registration.query(registration_of(chosen))
             calls = [f'curl -fsS -X POST "{management}/models?{query}"']
             workers = chosen["workers"]
-            calls.append(f'curl -fsS -X PUT "{management}/models/{target.name}?min_worker={workers}&max_worker={workers}&synchronous=true"')
+            calls.append(f'curl -fsS -X PUT "{management}/models/{target.name}?{registration.scale_query(workers)}"')
         else:
             nodes = {}
             for node in foreign.nodes:
-                registration = {key: value(node, name) for key, name in REGISTRATION_PARAMS if value(node, name) is not None}
-                nodes[node] = spec_entry(registration, value(node, "workers"))
+                values = {name: value(node, name) for name in REGISTRATIONS}
+                nodes[node] = workflow_entry(values, value(node, "workers"))
             (best_dir / f"{target.name}.yaml").write_text(header + yaml.safe_dump(foreign.spec_with(nodes), sort_keys=False))
             calls = [
                 f"# archive best/{target.name}.yaml with your handler into {target.name}.war (torch-workflow-archiver --spec-file), then:",

@@ -18,13 +18,15 @@ from urllib.parse import urlsplit
 from handlers.optimize import IPEX_HINT
 from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
-from segserve.bench.run.command import V2_HEADER_BYTES, CommandServer
+from segserve.archives.registration import from_workflow, workflow_entry
+from segserve.bench.run.command import V2_HEADER_BYTES
 from segserve.bench.run.inputs import Body
 from segserve.bench.run.measure import Endpoint, process_groups
 from segserve.bench.suite.params import at_level
-from segserve.bench.suite.plan import Point, settings_for, spec_entry
+from segserve.bench.suite.plan import Point, settings_for
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
+from segserve.serving.command_server import CommandServer
 from segserve.serving.http import Connection
 from segserve.serving.server import TorchServe
 
@@ -189,7 +191,9 @@ class Deployment:
         workers = point.workers
         foreign = self.catalog.foreign.get(target.name)  # a user's archive: registered from a copy, never rebuilt
         if target.kind == "workflow":
-            spec_models = {node.name: spec_entry(registration.get(node.name, {}), workers.get(node.name)) for node in target.nodes}
+            spec_models = {
+                node.name: {**registration.get(node.name, {}), **workflow_entry({}, workers.get(node.name))} for node in target.nodes
+            }
             if foreign is not None:
                 archive = foreign.install(self.store, spec_models)
             else:
@@ -208,17 +212,8 @@ class Deployment:
                 archive = f"{name}.mar"
             else:
                 archive = self._node_mar(target, target.nodes[0], node_settings.get(target.name, {}), {})
-            first = registration.get(target.nodes[0].name, {})
-            count = next(iter(workers.values()))
-            server.register_model(
-                archive,
-                target.name,
-                count,
-                first.get("batch-size"),
-                first.get("max-batch-delay"),
-                first.get("response-timeout"),
-                log=lambda _: None,
-            )
+            first = from_workflow(registration.get(target.nodes[0].name, {}))
+            server.register_model(archive, target.name, next(iter(workers.values())), **first, log=lambda _: None)
         for model in target.models:
             server.wait_ready(model, WORKER_LOAD_TIMEOUT_S)
         self.registered_key, self.fresh_workers = key, True

@@ -41,7 +41,7 @@ class Runner:
                 record = done.get(point.run_id)
                 if record is None or record.get("error"):
                     started = time.monotonic()
-                    notes = self.strategy.annotate(point) if hasattr(self.strategy, "annotate") else {}
+                    notes = self.strategy.annotate(point)
                     record = {**self.measure_point(point), **base(point), **notes}
                     for sink in self.sinks:
                         sink.add(record)
@@ -50,8 +50,7 @@ class Runner:
                 records.append(record)
         finally:
             self.deployment.close()
-            if hasattr(self.strategy, "close"):
-                self.strategy.close()
+            self.strategy.close()
         return records
 
     def run_rounds(self, rounds: int, base) -> list[dict]:
@@ -140,7 +139,7 @@ class Runner:
                 bodies = {phase.name: self.bodies_for(point.target, phase.name) for phase in load.phases}
                 metrics = measure_phases(endpoint, load, point.params, bodies, groups, fresh)
             else:
-                prune = self.strategy.pruner_for(point) if hasattr(self.strategy, "pruner_for") else None
+                prune = self.strategy.pruner_for(point)
                 metrics = measure(endpoint, load, point.params, self.bodies_for(point.target), groups, fresh, prune)
         finally:
             scaled = scaler.stop() if scaler else {}

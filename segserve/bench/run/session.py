@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
@@ -295,53 +296,85 @@ def check_storage(suite: Suite, storage_url: str | None) -> None:
         raise UsageError(f"--storage: only an optuna search keeps its trials in a study (this suite's search is {suite.search.strategy})")
 
 
-def run_suite(
-    suite_path: Path,
-    suite: Suite,
-    catalog: Catalog,
-    results_root: Path,
-    weights: Path,
-    resume: Path | None,
-    log=print,
-    storage_url: str | None = None,
-    port_base: int | None = None,
-    heartbeat_s: int = study.HEARTBEAT_S,
-    exports: list | None = None,
-    rounds: int = 1,
-) -> Path:
+@dataclass(frozen=True)
+class SuiteRun:
+    """What `segserve bench SUITE` was asked: the suite, and where and how to measure it."""
+
+    suite_path: Path
+    suite: Suite
+    catalog: Catalog
+    results_root: Path
+    weights: Path
+    resume: Path | None = None  # a result folder to finish
+    storage_url: str | None = None  # an Optuna study shared with other bench processes
+    port_base: int | None = None
+    heartbeat_s: int = study.HEARTBEAT_S
+    exports: list | None = None
+    rounds: int = 1
+
+
+@dataclass
+class Prepared:
+    """A suite run checked and planned: nothing written, nothing started."""
+
+    points: list[planning.Point]
+    parts: dict[str, dict]  # target → what besides its parameters its measurement depends on
+    setup: Setup
+    storage: object | None  # the shared study's storage, opened (so reachable); None without --storage
+
+
+def prepare(run: SuiteRun) -> Prepared:
+    """Every check a run makes before it writes a file or starts a server, and its points with their run ids:
+    the dry run stops here."""
+    check_rounds(run.suite, run.rounds, run.resume, run.storage_url)
+    check_storage(run.suite, run.storage_url)
+    storage = study.open_storage(run.storage_url, None, run.heartbeat_s) if run.storage_url else None  # refused before anything starts
+    if run.resume is not None and not (run.resume / "runs").is_dir():
+        raise UsageError(f"--resume {run.resume}: not a result folder (no runs/ inside)")
+    setup = Setup(run.suite, run.catalog, run.weights)
+    parts = {name: setup.parts(name) for name in run.suite.target_names}
+    points = planning.expand(run.suite, run.catalog, {name: _digest(p) for name, p in parts.items()})
+    return Prepared(points, parts, setup, storage)
+
+
+def run_suite(run: SuiteRun, log=print) -> Path:
     """Measure what the strategy proposes (skipping points already measured the same way with --resume) and
     hand every record to the sinks; return the result folder (RuntimeFailure, exit 1, when every point failed:
     the folder is written all the same). An optuna search keeps its study in storage_url
     (default: study.log in the result folder), which other bench processes may share."""
-    if carries_weights(suite, catalog) and not weights.exists():  # a suite of a user's archives and endpoints needs none
-        raise UsageError(f"{weights} is missing: run `segserve build` first (it trains the model)")
-    check_rounds(suite, rounds, resume, storage_url)
-    check_storage(suite, storage_url)
-    storage = study.open_storage(storage_url, None, heartbeat_s) if storage_url else None  # refused before anything starts
-    if resume is not None:
-        if not (resume / "runs").is_dir():
-            raise UsageError(f"--resume {resume}: not a result folder (no runs/ inside)")
-        out_dir = resume
-    else:
-        out_dir = results_root / suite.name / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    if carries_weights(run.suite, run.catalog) and not run.weights.exists():  # a suite of a user's archives and endpoints needs none
+        raise UsageError(f"{run.weights} is missing: run `segserve build` first (it trains the model)")
+    prepared = prepare(run)
+    out_dir = run.resume or run.results_root / run.suite.name / datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir.mkdir(parents=True, exist_ok=True)
     # as written, but no URL's credentials (an archive's user:password, a presigned query): results get exported
-    (out_dir / "suite.yaml").write_text(masked_text(suite_path.read_text()))
-    env_info = environment(catalog.root)
-    setup = Setup(suite, catalog, weights)
-    parts = {name: setup.parts(name) for name in suite.target_names}
-    points = planning.expand(suite, catalog, {name: _digest(p) for name, p in parts.items()})
+    (out_dir / "suite.yaml").write_text(masked_text(run.suite_path.read_text()))
+    records, runner, sinks, env_info = _measure(run, prepared, out_dir, log)
+    return _finish(run, prepared, out_dir, records, runner, sinks, env_info, log)
+
+
+def _strategy(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
+    """The run's strategy; an optuna search's study in the shared storage, else in the result folder."""
+    suite, storage = run.suite, prepared.storage
     own_study = suite.search.strategy == "optuna" and storage is None
     if own_study:
         storage = study.open_storage(None, out_dir)
-    strategy = strategy_for(suite, catalog, points, storage)
+    strategy = strategy_for(suite, run.catalog, prepared.points, storage)
     if own_study:
         strategy.abandon_running()  # what a killed run of this folder left running (--resume)
     elif storage is not None:
         strategy.reseed(os.getpid())  # a shared study: other processes ask it too
-    if hasattr(strategy, "study"):
-        study.save_suite(strategy.study, suite_path)
-        log(f"study {strategy.study.study_name!r} in {study.display_url(storage_url or str(out_dir / study.STUDY_FILE))}")
+    if (kept := strategy.kept_study()) is not None:
+        study.save_suite(kept, run.suite_path)
+        log(f"study {kept.study_name!r} in {study.display_url(run.storage_url or str(out_dir / study.STUDY_FILE))}")
+    return strategy
+
+
+def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
+    """The points measured, each record handed to the sinks as it comes: (records, runner, sinks, environment)."""
+    suite, catalog, points, parts = run.suite, run.catalog, prepared.points, prepared.parts
+    env_info = environment(catalog.root)
+    strategy = _strategy(run, prepared, out_dir, log)
     done = read_runs(out_dir)
     kept = [done[p.run_id] for p in points if p.run_id in done and not done[p.run_id].get("error")]
     if done:
@@ -354,11 +387,11 @@ def run_suite(
     else:  # the grid's totals would mislead: say what the search may measure
         log(describe_search(suite, catalog, points))
     sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog), Terminal(log)]
-    if exports:
-        sinks.append(Export(exports, log))  # last: it sends the files the others wrote
-    deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
-    setup.capture = deployment.answers
-    runner = Runner(catalog, deployment, strategy, sinks, setup.bodies_for, log)
+    if run.exports:
+        sinks.append(Export(run.exports, log))  # last: it sends the files the others wrote
+    deployment = Deployment(suite, catalog, run.weights, log, port_base=run.port_base)
+    prepared.setup.capture = deployment.answers
+    runner = Runner(catalog, deployment, strategy, sinks, prepared.setup.bodies_for, log)
     warn_about_machine(points, runner, kept, env_info, log)
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
 
@@ -372,8 +405,14 @@ def run_suite(
             record |= {"target_kind": "command", "server_versions": versions[point.target]}
         return record
 
-    records = runner.run_rounds(rounds, base) if rounds > 1 else runner.run(done, base)
-    bare = bare_throughputs(records, weights, runner.weights_node, log, suite.load)
+    records = runner.run_rounds(run.rounds, base) if run.rounds > 1 else runner.run(done, base)
+    return records, runner, sinks, env_info
+
+
+def _finish(run: SuiteRun, prepared: Prepared, out_dir: Path, records: list[dict], runner: Runner, sinks, env_info: dict, log) -> Path:
+    """The analysis of the records, every sink's last word (report, plots, best/, exports), and the profile."""
+    suite, catalog, points = run.suite, run.catalog, prepared.points
+    bare = bare_throughputs(records, run.weights, runner.weights_node, log, suite.load)
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
     analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
     space, allowed = search_budget(suite, catalog, points)
@@ -384,13 +423,13 @@ def run_suite(
         "candidates": space,
         "measured": len(records),
         "pruned": pruned,
-        **deployment.changes,
+        **runner.deployment.changes,
     }
     finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, search)
     for sink in sinks:
         sink.finish(finished)
     if suite.profile == "best":
-        profile_best(suite, catalog, weights, records, points, setup, out_dir, port_base, log)
+        profile_best(suite, catalog, run.weights, records, points, prepared.setup, out_dir, run.port_base, log)
     if records and all(r.get("error") for r in records):  # written down, but not a measurement: exit 1, not 0
         raise RuntimeFailure(f"every point of this run failed (the first: {records[0]['error']}); results: {out_dir}")
     return out_dir

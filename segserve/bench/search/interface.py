@@ -23,6 +23,18 @@ class Strategy(Protocol):
 
     def size(self) -> int: ...
 
+    def annotate(self, point: Point) -> dict: ...
+
+    def pruner_for(self, point: Point): ...
+
+    def kept_study(self): ...
+
+    def abandon_running(self) -> None: ...
+
+    def reseed(self, extra: int) -> None: ...
+
+    def close(self) -> None: ...
+
 
 def budget_points(budget, space_size: int) -> int | None:
     """How many points a budget allows: the grid's size without one, None for a budget in minutes."""
@@ -92,6 +104,27 @@ class Search:
     def size(self) -> int:
         """The most points it will propose (a budget in minutes: the whole space)."""
         return min(self.limit or len(self.points), len(self.points))
+
+    def annotate(self, point: Point) -> dict:
+        """Columns of its own for a point's record before it is written (auto: why it chose the point)."""
+        return {}
+
+    def pruner_for(self, point: Point):
+        """A function of a point's window rates so far → True when it is hopeless (stop measuring it); None: none."""
+        return None
+
+    def kept_study(self):
+        """The Optuna study its trials are kept in (a results folder's, or one shared by many processes); None."""
+        return None
+
+    def abandon_running(self) -> None:
+        """Trials a killed run of the same study left running are given up (--resume); nothing without a study."""
+
+    def reseed(self, extra: int) -> None:
+        """Another process asks the same shared study: sample apart from it; nothing without a study."""
+
+    def close(self) -> None:
+        """Put back what it proposed and never heard of (a run stopped midway); nothing without a study."""
 
 
 def ordered(values: list) -> bool:

@@ -125,6 +125,9 @@ class OptunaSearch(Search):
         self.batch = batch  # points proposed at a time, measured in the grid's order: fewer restarts, less guidance
         self.refresh()
 
+    def kept_study(self):
+        return self.study
+
     def reseed(self, extra: int) -> None:
         """Seed the sampler with seed + extra: processes sharing a study pass their pid, so that they do not walk
         the same random points in step."""

@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from segserve.archives.registration import REGISTRATIONS, Registration
+
 LEVELS = ("server", "archive", "runtime", "load")
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
@@ -27,13 +29,16 @@ class Param:
     handler_keys: tuple[str, ...] = ()  # model config `handler:` keys (two keys: the value is a pair)
     handlers: frozenset | None = None  # handler modules it applies to; None: every segserve handler
     stage: bool = False  # a setting of the worker that runs the stages (the fused twin's, not its nodes')
-    registration: str | None = None  # TorchServe key: workflow spec `models:` key (a model config key in `model_key`)
-    model_key: str | None = None
     env: str | None = None  # server level: an environment variable of every worker
     env_value: Callable[[object], str] = str  # how a value is written there (the environment variable or config key)
     config: str | None = None  # server level: a config.properties key
     per_node: bool = False  # may also be given per DAG node: grid.archive.nodes.<node>.<name>
     doc: str = ""
+
+    @property
+    def registration(self) -> Registration | None:
+        """How TorchServe spells it, where it is a registration value (segserve/archives/registration.py)."""
+        return REGISTRATIONS.get(self.name)
 
     def handler_settings(self, value) -> dict:
         if len(self.handler_keys) == 2:
@@ -93,8 +98,6 @@ PARAMS = {
             "archive",
             PositiveInt,
             (8,),
-            registration="batch-size",
-            model_key="batchSize",
             per_node=True,
             doc="TorchServe batch size",
         ),
@@ -103,8 +106,6 @@ PARAMS = {
             "archive",
             NonNegativeInt,
             (5,),
-            registration="max-batch-delay",
-            model_key="maxBatchDelay",
             per_node=True,
             doc="TorchServe max batch delay",
         ),
@@ -112,7 +113,6 @@ PARAMS = {
             "response_timeout",
             "archive",
             PositiveInt,
-            registration="response-timeout",
             per_node=True,
             doc="TorchServe's response timeout in seconds (a workflow node's timeout-ms)",
         ),

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from segserve.archives.catalog import Catalog, Target
+from segserve.archives.registration import workflow_entry
 from segserve.bench.suite.params import PARAMS, at_level, node_param, node_value_applies, workers_param
 from segserve.bench.suite.spec import Suite
 
@@ -130,7 +131,8 @@ def expand(suite: Suite, catalog: Catalog, setups: dict[str, str] | None = None)
 
 def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, dict[str, dict]]:
     """What a point sets where: (node → `handler:` settings, the fused worker's settings, node → TorchServe
-    registration values {"batch-size", "max-batch-delay"}); per-node values override DAG-wide ones."""
+    registration values as a workflow spec's `models:` spells them, {"batch-size", "max-batch-delay", "timeout-ms"});
+    per-node values override DAG-wide ones."""
     params = dict(point.archive)
     node_settings: dict[str, dict] = {}
     stage: dict = {}
@@ -142,24 +144,13 @@ def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, d
                 if given not in params or not param.applies_to_handlers(handlers):
                     continue
                 value = params[given]
-                if param.registration:
-                    registration.setdefault(node.name, {})[param.registration] = value
+                if param.registration:  # in a workflow spec's spelling and unit: what TorchServe reads there
+                    registration.setdefault(node.name, {}).update(workflow_entry({param.name: value}))
                 elif param.stage and target.kind == "fused":
                     stage.update(param.handler_settings(value))
                 else:
                     node_settings.setdefault(node.name, {}).update(param.handler_settings(value))
     return node_settings, stage, registration
-
-
-def spec_entry(registration: dict, workers: int | None) -> dict:
-    """A workflow spec's `models:` entry for a node: its registration values (a response timeout in seconds is
-    the spec's timeout-ms) and its workers."""
-    entry = {key: value for key, value in registration.items() if key != "response-timeout"}
-    if "response-timeout" in registration:
-        entry["timeout-ms"] = registration["response-timeout"] * 1000
-    if workers is not None:
-        entry.update({"min-workers": workers, "max-workers": workers})
-    return entry
 
 
 def swept(points: list[Point]) -> list[str]:

@@ -1,0 +1,153 @@
+"""TorchServe's management API, as a running server's client: its tokens, registering and scaling models and
+workflows, describing them, and a failed call's reason with what its workers logged. TorchServe (server.py) is one:
+the client needs only the server's run folder (key file, logs), its addresses and its log tail."""
+
+import json
+import re
+import time
+from pathlib import Path
+
+from segserve.archives import registration
+from segserve.errors import RuntimeFailure
+from segserve.serving.http import Response, request
+
+PYTHON_ERROR = re.compile(r"\b((?:[A-Z]\w*)?(?:Error|Exception): .*)$")  # `ModuleNotFoundError: No module named 'x'`
+# The 500s TorchServe 0.12's frontend answers a scale with when it races its own workers (ManagementClient.scale)
+SCALE_RACES = ("ConcurrentModificationException", "NullPointerException")
+
+
+class ManagementClient:
+    """The management API of the server at self.url(api), with the keys in self.run_dir/key_file.json."""
+
+    run_dir: Path
+
+    def url(self, api: str) -> str:
+        raise NotImplementedError
+
+    def log_tail(self, lines: int = 40) -> str:
+        raise NotImplementedError
+
+    @property
+    def key_file(self) -> Path:
+        return self.run_dir / "key_file.json"
+
+    def token(self, api: str) -> str:
+        """The key TorchServe generated for `inference` or `management`."""
+        try:
+            keys = json.loads(self.key_file.read_text())
+        except (OSError, ValueError) as error:
+            raise RuntimeFailure(f"no TorchServe key file at {self.key_file}: is the server running? ({error})") from None
+        return keys[api]["key"]
+
+    def call(self, api: str, method: str, path: str, body: bytes | None = None, timeout_s: float = 300) -> Response:
+        return request(self.url(api), method, path, token=self.token(api), body=body, timeout_s=timeout_s)
+
+    def register_model(
+        self,
+        archive: str,
+        name: str,
+        workers: int = 1,
+        batch_size: int | None = None,
+        max_batch_delay_ms: int | None = None,
+        response_timeout: int | None = None,
+        log=print,
+    ) -> None:
+        """POST /models; batching and timeout (s) from the archive's model-config unless given."""
+        path = f"/models?url={archive}&model_name={name}&initial_workers={workers}&synchronous=true"
+        path += registration.query(
+            {"batch_size": batch_size, "max_batch_delay_ms": max_batch_delay_ms, "response_timeout": response_timeout}
+        )
+        since = self.model_log_size()
+        self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}", since)
+        started = len(self.describe(name).get("workers", []))
+        if started != workers:  # TorchServe 0.12: the archive's minWorkers/maxWorkers win over initial_workers
+            self.scale(name, workers)
+        log(f"registered model {name} ({archive}, {workers} worker(s))")
+
+    def register_workflow(self, archive: str, name: str, log=print) -> None:
+        since = self.model_log_size()
+        response = self.call("management", "POST", f"/workflows?url={archive}&workflow_name={name}")
+        self._expect_ok(response, f"registering workflow {archive}", since)
+        log(f"registered workflow {name} ({archive})")
+
+    def scale(self, model: str, workers: int, attempts: int = 6) -> Response:
+        """PUT min/max workers, synchronously. TorchServe 0.12 can answer a scale under load with a 500 from a
+        race in its frontend: ConcurrentModificationException (its worker map changed while it iterated it; once
+        in 7 rescale-under-load runs), or a NullPointerException in BatchAggregator.sendError while it shut down a
+        worker between two batches (seen once, after the worker had gone). The call sets absolute counts, so
+        sending it again is safe; other errors (a worker that fails to start) are final."""
+        path = f"/models/{model}?{registration.scale_query(workers)}"
+        for attempt in range(attempts):
+            response = self.call("management", "PUT", path)
+            race = response.status == 500 and any(name in response.text() for name in SCALE_RACES)
+            if not race or attempt == attempts - 1:
+                break
+            time.sleep(0.2 * 2**attempt)
+        return self._expect_ok(response, f"scaling {model} to {workers} worker(s)")
+
+    def unregister(self, kind: str, name: str) -> None:
+        """DELETE a model or workflow (kind "models" or "workflows"); a missing one is not an error."""
+        response = self.call("management", "DELETE", f"/{kind}/{name}")
+        if response.status not in (200, 404):
+            self._expect_ok(response, f"unregistering {kind[:-1]} {name}")
+
+    def models(self) -> list[str]:
+        """Every model TorchServe has registered (workflow nodes too), from GET /models."""
+        models = self._expect_ok(self.call("management", "GET", "/models?limit=1000"), "listing models").json()["models"]
+        return sorted(m["modelName"] for m in models)
+
+    def workflow_nodes(self) -> list[str]:
+        """The models TorchServe registered for workflow nodes (<workflow>__<node>), from GET /workflows."""
+        workflows = self._expect_ok(self.call("management", "GET", "/workflows"), "listing workflows").json()["workflows"]
+        prefixes = tuple(f"{w['workflowName']}__" for w in workflows)
+        return [m for m in self.models() if prefixes and m.startswith(prefixes)]
+
+    def describe(self, model: str) -> dict:
+        return self._expect_ok(self.call("management", "GET", f"/models/{model}"), f"describing {model}").json()[0]
+
+    def wait_ready(self, model: str, timeout_s: float = 120) -> None:
+        """Wait until every worker of `model` is READY."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            workers = self.describe(model).get("workers", [])
+            if workers and all(w.get("status") == "READY" and int(w.get("pid") or -1) > 0 for w in workers):
+                return
+            time.sleep(0.5)
+        raise RuntimeFailure(f"workers of {model} are not READY after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def _expect_ok(self, response: Response, what: str, since: int | None = None) -> Response:
+        """The response, or a failure whose first line has TorchServe's reason (a caller may keep only that line):
+        its answer's message, and the last Python error its workers logged after byte `since` of their log (a
+        handler that fails to import)."""
+        if response.status >= 300:
+            text = response.text()
+            try:
+                message = json.loads(text).get("message") or text
+            except (ValueError, AttributeError):
+                message = text
+            reason = f"{what} failed: HTTP {response.status}: {' '.join(str(message).split())[:300]}"
+            # a registration (`since` given): its workers' Python error, which may reach the log a moment later
+            worker_error = self.worker_error(since, wait_s=5.0) if since is not None else self.worker_error()
+            if worker_error:
+                reason += f"; the worker logged: {worker_error}"
+            raise RuntimeFailure(f"{reason}\n{self.log_tail(20)}")
+        return response
+
+    def model_log_size(self) -> int:
+        path = self.run_dir / "logs" / "model_log.log"
+        return path.stat().st_size if path.exists() else 0
+
+    def worker_error(self, since: int = 0, wait_s: float = 0.0) -> str | None:
+        """The last Python exception line (`ModuleNotFoundError: No module named 'captum'`) in the workers' log
+        after byte `since` (a rotated log: its whole current file). The frontend answers a failed registration
+        before its log writer has written the worker's last lines (seen on a busy machine): looked for again
+        until `wait_s` has passed."""
+        path = self.run_dir / "logs" / "model_log.log"
+        deadline = time.monotonic() + wait_s
+        while True:
+            data = path.read_bytes() if path.exists() else b""
+            lines = data[since if since <= len(data) else 0 :].decode(errors="replace").splitlines()[-400:]
+            found = [m.group(1) for m in map(PYTHON_ERROR.search, lines) if m]
+            if found or time.monotonic() >= deadline:
+                return found[-1][:300] if found else None
+            time.sleep(0.2)

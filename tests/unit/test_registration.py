@@ -1,0 +1,40 @@
+"""TorchServe's registration parameters, spelt once (segserve/archives/registration.py, #50)."""
+
+from segserve.archives import registration
+from segserve.archives.registration import REGISTRATIONS
+from segserve.bench.suite.params import PARAMS
+
+
+def test_every_registration_value_of_the_suite_is_spelt_in_the_table_and_nothing_else():
+    registered = {name for name, param in PARAMS.items() if param.registration}
+    assert registered == set(REGISTRATIONS) == {"batch_size", "max_batch_delay_ms", "response_timeout"}
+    for name in registered:
+        assert PARAMS[name].registration is REGISTRATIONS[name] and PARAMS[name].level == "archive"
+
+
+def test_each_place_gets_its_own_spelling_and_unit():
+    values = {"batch_size": 8, "max_batch_delay_ms": 5, "response_timeout": 30}
+    assert registration.query(values) == "&batch_size=8&max_batch_delay=5&response_timeout=30"
+    assert registration.query({"batch_size": None}) == ""  # unset: the archive's own
+    assert registration.workflow_entry(values, 2) == {
+        "batch-size": 8,
+        "max-batch-delay": 5,
+        "timeout-ms": 30000,
+        "min-workers": 2,
+        "max-workers": 2,
+    }
+    assert registration.model_config_entry(values, 1) == {
+        "minWorkers": 1,
+        "maxWorkers": 1,
+        "batchSize": 8,
+        "maxBatchDelay": 5,
+        "responseTimeout": 30,
+    }
+    assert registration.scale_query(3) == "min_worker=3&max_worker=3&synchronous=true"
+
+
+def test_a_workflow_entry_reads_back_as_the_values_it_was_written_from():
+    values = {"batch_size": 4, "max_batch_delay_ms": 50, "response_timeout": 7}
+    entry = {**registration.workflow_entry(values, 3), "retry-attempts": 1}
+    assert registration.from_workflow(entry) == values
+    assert set(entry) <= set(registration.WORKFLOW_MODEL_KEYS)  # a spec's keys that are not nodes
