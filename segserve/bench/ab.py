@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from segserve.bench.results.render import render_table
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.load import LoadSpec, run_load
 from segserve.bench.run.measure import measure, process_groups
+from segserve.bench.run.runner import round_schedule
 from segserve.bench.run.session import Setup
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Suite
@@ -99,19 +101,25 @@ def warm_up(sides: dict[str, Deployment], point, suite: Suite, bodies: list[byte
     log(f"warmed up: {WARM_UP_S:.0f} s of {point.run_id} on A and on B")
 
 
-def run_ab(
-    suite: Suite,
-    root: Path,
-    refs: tuple[str, str],
-    weights: Path,
-    results_root: Path,
-    rounds: int,
-    min_effect: float,
-    b_env: dict,
-    log=print,
-    foreign: list | None = None,
-) -> tuple[Path, bool]:
-    """`foreign`: the suite's archive targets as load_suite read them (catalog.foreign's values, members too)."""
+@dataclass(frozen=True)
+class AbRun:
+    """What `segserve bench ab` was asked: a suite, the two versions, how many rounds and what counts as a change."""
+
+    suite: Suite
+    root: Path  # the checkout whose git refs `refs` names
+    refs: tuple[str, str]  # A and B: git refs or folders
+    weights: Path
+    results_root: Path
+    rounds: int = 1
+    min_effect: float = 0.05
+    b_env: dict = field(default_factory=dict)  # B's server's environment (--b-env)
+    foreign: list = field(default_factory=list)  # the suite's archive targets as load_suite read them, members too
+
+
+def run_ab(ab: AbRun, log=print) -> tuple[Path, bool]:
+    """Both versions measured in turn over the suite's points; (the result folder, whether B is slower)."""
+    suite, root, refs, weights, results_root = ab.suite, ab.root, ab.refs, ab.weights, ab.results_root
+    rounds, min_effect, b_env, foreign = ab.rounds, ab.min_effect, ab.b_env, ab.foreign
     config = users_config(Path.cwd(), root)
     if rounds < 1:
         raise UsageError(f"--rounds must be ≥ 1 (got {rounds})")
@@ -136,26 +144,27 @@ def run_ab(
         windows: dict[tuple[str, str], list[float]] = {}
         measured: dict[tuple[str, str], list[float]] = {}  # each round's throughput
         costs: dict[tuple[str, str], dict[str, list]] = {}  # each round's CPU per request, by process and stage
-        for index in range(rounds):
-            for deployment in sides.values() if index else ():  # round 1 has the workers the warm-up started
-                deployment.release()  # fresh workers each round: a worker's own luck is one round's noise
-            for number, point in enumerate(points):
-                # A B, B A, …: neither side always goes first, within a round or across rounds
-                for name in "ab" if (index + number) % 2 == 0 else "ba":
-                    deployment = sides[name]
-                    started = time.monotonic()
-                    endpoint = deployment.deploy(point)
-                    deploy_s = time.monotonic() - started
-                    groups = process_groups(deployment.server, endpoint.models)
-                    metrics = measure(endpoint, suite.load, point.params, bodies.bodies_for(point.target), groups, deployment.fresh_workers)
-                    windows.setdefault((point.run_id, name), []).extend(metrics["measured_window_throughputs_rps"])
-                    rps = metrics["throughput_rps"]
-                    measured.setdefault((point.run_id, name), []).append(rps)
-                    for column in COST_COLUMNS:
-                        costs.setdefault((point.run_id, name), {}).setdefault(column, []).append(metrics.get(column))
-                    cost = metrics.get("server_cpu_ms_per_request")
-                    cost_text = f", server {cost:.2f} CPU-ms a request" if cost is not None else ""
-                    log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s{cost_text} (deployed in {deploy_s:.1f} s)")
+        this_round = 0  # round 1 has the workers the warm-up started
+        # the runner's rounds (points reversed every other round), each point's A and B in turn: A B, B A, …
+        for index, point, name in round_schedule(points, rounds, ("a", "b")):
+            if index != this_round:
+                for deployment in sides.values():
+                    deployment.release()  # fresh workers each round: a worker's own luck is one round's noise
+                this_round = index
+            deployment = sides[name]
+            started = time.monotonic()
+            endpoint = deployment.deploy(point)
+            deploy_s = time.monotonic() - started
+            groups = process_groups(deployment.server, endpoint.models)
+            metrics = measure(endpoint, suite.load, point.params, bodies.bodies_for(point.target), groups, deployment.fresh_workers)
+            windows.setdefault((point.run_id, name), []).extend(metrics["measured_window_throughputs_rps"])
+            rps = metrics["throughput_rps"]
+            measured.setdefault((point.run_id, name), []).append(rps)
+            for column in COST_COLUMNS:
+                costs.setdefault((point.run_id, name), {}).setdefault(column, []).append(metrics.get(column))
+            cost = metrics.get("server_cpu_ms_per_request")
+            cost_text = f", server {cost:.2f} CPU-ms a request" if cost is not None else ""
+            log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s{cost_text} (deployed in {deploy_s:.1f} s)")
     finally:
         for deployment in sides.values():
             deployment.close()

@@ -125,7 +125,7 @@ def run_compare(args) -> int:
 
 
 def run_ab(args) -> int:
-    from segserve.bench.ab import parse_env, project_root
+    from segserve.bench.ab import AbRun, parse_env, project_root
     from segserve.bench.ab import run_ab as run_versions
     from segserve.bench.suite.spec import load_suite
 
@@ -134,7 +134,7 @@ def run_ab(args) -> int:
     env = parse_env(args.b_env)
     refs, weights, foreign = (args.a, args.b), Path(args.weights).resolve(), list(known.foreign.values())
     root = project_root(Path.cwd())  # a user's archives' folder is no checkout: segserve's own, then
-    _, slower = run_versions(suite, root, refs, weights, Path(args.results), args.rounds, args.min_effect, env, foreign=foreign)
+    _, slower = run_versions(AbRun(suite, root, refs, weights, Path(args.results), args.rounds, args.min_effect, env, foreign))
     return 1 if slower else 0
 
 

@@ -353,3 +353,15 @@ def test_points_whose_threads_times_workers_exceed_the_cores_are_named_before_me
     # threads 2 with 2 workers of the seg node (the fused model's, the workflow's seg node) on 2 cores; threads 0 never
     assert over == {("seg_jpeg_fused", 2, 2), ("seg_jpeg", 2, 2)}
     assert oversubscribed(points, runner, 4) == []
+
+
+def test_rounds_reverse_the_points_every_other_round_and_alternate_two_sides():
+    from segserve.bench.run.runner import round_schedule
+
+    assert [(i, p) for i, p, _ in round_schedule(["x", "y", "z"], 3)] == [
+        (0, "x"), (0, "y"), (0, "z"), (1, "z"), (1, "y"), (1, "x"), (2, "x"), (2, "y"), (2, "z"),
+    ]  # fmt: skip
+    ab = [f"{p}{s}" for _, p, s in round_schedule(["x", "y"], 2, ("a", "b"))]
+    assert ab == ["xa", "xb", "yb", "ya", "ya", "yb", "xb", "xa"]  # each point's sides in turn, flipped next round
+    one = [s for _, _, s in round_schedule(["x"], 4, ("a", "b"))]
+    assert one == ["a", "b", "b", "a", "a", "b", "b", "a"]  # one point: bench ab's A B, B A, … as before

@@ -10,7 +10,7 @@ and no two modules import each other, directly or around a circle.
  6 segserve/bench/suite/     a suite: its file, parameters, plan, columns
  7 segserve/bench/results/   records on disk, analyses, renderers, exports
  8 segserve/bench/search/    strategies behind one interface, and the studies they keep
- 9 segserve/bench/run/       load, measurement, deployment, the loop, a whole suite run
+ 9 segserve/bench/run/       load, measurement, deployment (targets/: one module per kind), the loop, a whole suite run
 10 segserve/bench/           commands over runs: ab, replay
 11 segserve/optimize/, qa/,  optimised variants; fuzz, chaos, mix; a workflow fused into one .mar
    fuse/
@@ -35,6 +35,7 @@ FOLDERS = {
     "segserve.bench.results": 7,
     "segserve.bench.search": 8,
     "segserve.bench.run": 9,
+    "segserve.bench.run.targets": 9,
     "segserve.bench": 10,
     "segserve.optimize": 11,
     "segserve.qa": 11,

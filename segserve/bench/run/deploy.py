@@ -1,282 +1,89 @@
-"""Put a point in place on a TorchServe of the bench's own, changing as little as possible: restart only for
-server values, build and re-register only for archive values, scale live for workers. http targets are
-not ours: for them the server is stopped (it would share the machine) and nothing is deployed. A command
-target's command is started (TorchServe stopped) and started again when its own values change.
+"""Put a point in place: the kind of its target (bench/run/targets/) deploys it, and the other kinds' servers are
+stopped first (two servers would share the machine). The catalog's targets and a user's archives run on a
+TorchServe of the bench's own, changed as little as possible; a command target's command is started, and started
+again when its own values change; an http target is not ours: only checked and measured.
 """
 
-import hashlib
-import json
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from handlers.optimize import IPEX_HINT
-from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
-from segserve.archives.catalog import Catalog, Target
-from segserve.archives.registration import from_workflow, workflow_entry
-from segserve.bench.run.command import V2_HEADER_BYTES
-from segserve.bench.run.inputs import Body
-from segserve.bench.run.measure import Endpoint, process_groups
-from segserve.bench.suite.params import at_level
-from segserve.bench.suite.plan import Point, settings_for
+from segserve.archives.catalog import Catalog
+from segserve.bench.run.measure import Endpoint
+from segserve.bench.run.targets.command_targets import CommandTargets
+from segserve.bench.run.targets.http_targets import HttpTargets
+from segserve.bench.run.targets.kind import Kind
+from segserve.bench.run.targets.torchserve_targets import TorchServeTargets
+from segserve.bench.suite.plan import Point
 from segserve.bench.suite.spec import Suite
-from segserve.errors import RuntimeFailure, UsageError
-from segserve.serving.command_server import CommandServer
-from segserve.serving.http import Connection
-from segserve.serving.server import TorchServe
-
-# a worker that compiles its network (optimize compile/int8) loads for tens of seconds on 2 cores
-WORKER_LOAD_TIMEOUT_S = COMPILED_STARTUP_TIMEOUT_S
-
-
-# what an optimisation imports in the worker
-OPTIMIZATION_MODULES = {"int8": "torchao", "ipex": "intel_extension_for_pytorch"}
-
-
-def _digest(value) -> str:
-    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 class Deployment:
+    """The suite's points deployed one after another, each by its target's kind."""
+
     def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print, env: dict | None = None, port_base: int | None = None):
         self.suite, self.catalog, self.weights, self.log = suite, catalog, weights, log
-        self.port_base = port_base  # None: free ports for every server it starts
-        self.extra_env = dict(env or {})  # for every worker of this deployment's server (`bench ab --b-env`)
-        self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-"))
-        self.staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
-        # one compile cache for the workers of every server this deployment starts and for the bare forward beside
-        # them: a variant compiles cold once per bench run (its first load_s), later loads reuse the kernels
-        self.compile_env = {"TORCHINDUCTOR_CACHE_DIR": str(self.staging / "inductor")}
-        self.recipe = Recipe(catalog, weights, self.store, self.staging, log=lambda _: None)
-        self.server: TorchServe | None = None
-        self.server_key = self.registered_key = None
-        self.command: CommandServer | None = None  # a command target's running server
-        self.command_key = None
-        self.current_workers: dict[str, int] = {}
-        self.fresh_workers = False  # the last deploy started workers (registered or scaled)
-        self.load_s: float | None = None  # the last deploy's registration: until every worker was ready (loaded, compiled)
-        self.importable: dict[tuple[str, str], bool] = {}  # (python, module) → whether it imports
         self.changes = {"restarts": 0, "registrations": 0, "scales": 0}  # what the points cost (a search reports it)
+        # the bench's own TorchServe: also what bench ab warms, captures answer on and the runner's bare forward reads
+        self.torchserve = TorchServeTargets(suite, catalog, weights, self.changes, log, env, port_base)
+        self.kinds: list[Kind] = [HttpTargets(suite, self.changes), CommandTargets(suite, self.changes, log), self.torchserve]
+        self.active: Kind | None = None
+
+    def kind_of(self, name: str) -> Kind:
+        return next(kind for kind in self.kinds if kind.owns(name))
 
     def deploy(self, point: Point) -> Endpoint:
-        self.fresh_workers, self.load_s = False, None
-        http = self.suite.http_targets.get(point.target)
-        if http is not None:
-            self.stop_servers()
-            parts = urlsplit(http.url)
-            try:  # a point of an endpoint that does not answer fails with the reason; the suite goes on
-                socket.create_connection((parts.hostname, parts.port or 80), timeout=5).close()
-            except OSError as error:
-                raise RuntimeFailure(f"{http.url} does not answer ({error.strerror or error})") from None
-            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            return Endpoint(f"{parts.scheme}://{parts.netloc}", path, None, http.headers, None, ())
-        if point.target in self.suite.command_targets:
-            return self.ensure_command(point)
-        self.stop_command()
-        target = self.catalog.targets[point.target]
-        self.ensure_server(point)
-        self.ensure_registered(point, target)
-        self.ensure_workers(point, target)
-        server = self.server
-        grpc = server.grpc_inference_url()
-        return Endpoint(server.url("inference"), target.endpoint, server.token("inference"), {}, server.url("metrics"), target.models, grpc)
+        kind = self.kind_of(point.target)
+        for other in self.kinds:
+            if other is not kind:
+                other.stop()
+        self.active = kind
+        kind.fresh_workers, kind.load_s = False, None
+        return kind.deploy(point)
 
-    # A command target ---------------------------------------------------------------
-    def ensure_command(self, point: Point) -> Endpoint:
-        """The point's command running and healthy (started again when its own values changed), TorchServe stopped."""
-        spec = self.suite.command_targets[point.target]
-        if self.command is None or self.command_key != (point.target, point.server):
-            self.stop_server()
-            self.stop_command()
-            values = dict(point.server)
-            self.command = CommandServer(spec.name, lambda port: spec.argv(port, values), spec.env, spec.health, self.log)
-            self.command_key = (point.target, point.server)
-            started = time.monotonic()
-            try:
-                self.command.start(spec.start_timeout_s)
-            except RuntimeFailure:
-                self.stop_command()
-                raise
-            self.fresh_workers, self.load_s = True, round(time.monotonic() - started, 2)
-            self.changes["restarts"] += 1
-        headers = {"Inference-Header-Content-Length": str(V2_HEADER_BYTES)} if spec.protocol == "kserve-v2-binary" else {}
-        return Endpoint(self.command.url, spec.path, None, headers, None, ())
+    @property
+    def fresh_workers(self) -> bool:
+        """The last deploy started workers (registered, scaled, or a command's server started)."""
+        return self.active is not None and self.active.fresh_workers
 
-    def stop_command(self) -> None:
-        if self.command is not None:
-            self.command.close()
-        self.command = self.command_key = None
+    @property
+    def load_s(self) -> float | None:
+        return self.active.load_s if self.active is not None else None
 
     def watched_processes(self, endpoint: Endpoint) -> dict[str, list[int]] | None:
-        """The deployed point's processes by role, for their CPU and RSS: TorchServe's frontend and workers, or a
-        command target's processes as one group; None for an http target (not ours to watch)."""
-        if endpoint.metrics_url and self.server is not None:
-            return process_groups(self.server, endpoint.models)
-        if self.command is not None and endpoint.url == self.command.url:
-            return self.command.process_groups()
-        return None
-
-    # Server ------------------------------------------------------------------------
-    def ensure_server(self, point: Point) -> None:
-        if self.server is not None and self.server_key == point.server:
-            return
-        self.stop_server()
-        params = dict(point.server)
-        env, overrides = {**self.compile_env, **self.extra_env}, {}
-        for param in at_level("server"):
-            if param.name in params and param.env:
-                env[param.env] = param.env_value(params[param.name])
-            if param.name in params and param.config:
-                overrides[param.config] = param.env_value(params[param.name])
-        pinning = params.get("pinning", "none")
-        if pinning == "torchserve":
-            if not shutil.which("numactl"):
-                raise UsageError("pinning 'torchserve' needs numactl: apt-get install numactl (or `make setup-numactl`)")
-            overrides["cpu_launcher_enable"] = "true"
-        core_plan = Path(self.suite.core_plan) if pinning == "plan" else None
-        run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
-        config = self.catalog.config_template
-        ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
-        venv = Path(params["venv"]) if params.get("venv") else None
-        self.server = TorchServe(run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, venv=venv, **ports)
-        self.server.start(log=lambda _: None)
-        self.changes["restarts"] += 1
-        self.server_key, self.registered_key, self.current_workers = point.server, None, {}
-
-    def stop_server(self) -> None:
-        if self.server is not None:
-            self.server.stop()
-            shutil.rmtree(self.server.run_dir, ignore_errors=True)
-        self.server = self.server_key = self.registered_key = None
-
-    def stop_servers(self) -> None:
-        """TorchServe and a command target's server: the next point starts clean."""
-        self.stop_server()
-        self.stop_command()
-
-    def close(self) -> None:
-        self.stop_servers()
-        shutil.rmtree(self.store, ignore_errors=True)
-        shutil.rmtree(self.staging, ignore_errors=True)
-
-    # Registration ------------------------------------------------------------------
-    def _node_mar(self, target: Target, node, settings: dict, registration: dict) -> str:
-        """A node's .mar with these settings, built once per distinct recipe (the settings live in the archive)."""
-        name = f"{node.model.name}-{_digest([settings, registration])}"
-        if not (self.store / f"{name}.mar").exists():
-            self.recipe.node_archive(node.model, name, settings, registration)
-        return f"{name}.mar"
+        """The deployed point's processes by role, for their CPU and RSS; None for an http target (not ours)."""
+        return self.active.watched_processes(endpoint) if self.active is not None else None
 
     def release(self) -> None:
-        """Unregister what is registered, so that the next point starts fresh workers (`bench ab`'s rounds)."""
-        if self.server is not None and self.registered_key is not None:
-            previous = self.catalog.targets[self.registered_key[0]]
-            self.server.unregister("workflows" if previous.kind == "workflow" else "models", previous.name)
-        self.registered_key = None
+        """What is registered unregistered, so that the next point starts fresh workers."""
+        self.torchserve.release()
 
-    def ensure_registered(self, point: Point, target: Target) -> None:
-        key = (point.target, point.archive)
-        if self.registered_key == key:
-            return
-        self.release()
-        server = self.server
-        started = time.monotonic()
-        node_settings, stage, registration = settings_for(point, target)
-        self.check_python({s.get("optimize") for s in node_settings.values()})
-        workers = point.workers
-        foreign = self.catalog.foreign.get(target.name)  # a user's archive: registered from a copy, never rebuilt
-        if target.kind == "workflow":
-            spec_models = {
-                node.name: {**registration.get(node.name, {}), **workflow_entry({}, workers.get(node.name))} for node in target.nodes
-            }
-            if foreign is not None:
-                archive = foreign.install(self.store, spec_models)
-            else:
-                urls = {node.name: self._node_mar(target, node, node_settings.get(node.name, {}), {}) for node in target.nodes}
-                # the .war is written again each time under the target's name (TorchServe names nodes after it)
-                self.recipe.workflow_archive(self.catalog.dags[target.dag], target.name, urls, spec_models)
-                archive = target.archive
-            server.register_workflow(archive, target.name, log=lambda _: None)
-        else:
-            if foreign is not None:
-                archive = foreign.install(self.store)
-            elif target.kind == "fused":
-                name = f"{target.name}-{_digest([node_settings, stage])}"
-                if not (self.store / f"{name}.mar").exists():
-                    self.recipe.fused_archive(self.catalog.dags[target.dag], name, node_settings, stage)
-                archive = f"{name}.mar"
-            else:
-                archive = self._node_mar(target, target.nodes[0], node_settings.get(target.name, {}), {})
-            first = from_workflow(registration.get(target.nodes[0].name, {}))
-            server.register_model(archive, target.name, next(iter(workers.values())), **first, log=lambda _: None)
-        for model in target.models:
-            server.wait_ready(model, WORKER_LOAD_TIMEOUT_S)
-        self.registered_key, self.fresh_workers = key, True
-        self.load_s = round(time.monotonic() - started, 2)
-        self.changes["registrations"] += 1
-        # What TorchServe started, not what was asked: 0.12 ignores a workflow node's own min-workers/max-workers
-        # (it starts the DAG-wide count), so ensure_workers scales such a node to the point's count.
-        self.current_workers = {node: len(server.describe(model).get("workers", [])) for node, model in self._worker_models(target).items()}
+    def stop_servers(self) -> None:
+        """Every kind's server: the next point starts clean."""
+        for kind in self.kinds:
+            kind.stop()
+
+    def close(self) -> None:
+        for kind in self.kinds:
+            kind.close()
+
+    # The bench's TorchServe, for what works on it directly ------------------------------------------------------
+    @property
+    def server(self):
+        return self.torchserve.server
+
+    @property
+    def recipe(self):
+        return self.torchserve.recipe
+
+    @property
+    def compile_env(self) -> dict:
+        return self.torchserve.compile_env
+
+    @property
+    def current_workers(self) -> dict:
+        return self.torchserve.current_workers
+
+    def ensure_server(self, point: Point) -> None:
+        self.torchserve.ensure_server(point)
 
     def answers(self, name: str, bodies: tuple[bytes, ...]) -> list[bytes]:
-        """What the archive target `name` answers to each body, registered alone (one worker, its archive's own
-        batching) on the running server, or on one with the suite's default settings: a workflow member's inputs
-        are its parent's answers. Whatever a point had registered is released first; its next deploy registers
-        it again."""
-        if self.server is None:
-            self.ensure_server(Point(name, (), (), (), ()))
-        self.release()
-        server, endpoint = self.server, self.catalog.targets[name].endpoint
-        server.register_model(self.catalog.foreign[name].install(self.store), name, 1, log=lambda _: None)
-        connection = Connection(server.url("inference"), server.token("inference"))
-        answered = []
-        try:
-            server.wait_ready(name, WORKER_LOAD_TIMEOUT_S)
-            for index, body in enumerate(bodies):
-                response = connection.request("POST", endpoint, body, getattr(body, "content_type", "application/octet-stream"))
-                if response.status != 200:
-                    answer = response.text()[:200]
-                    raise RuntimeFailure(f"capturing what {name} answers: input {index + 1} got HTTP {response.status}: {answer}")
-                answered.append(Body(response.body, response.content_type or "application/octet-stream"))
-        finally:
-            connection.close()
-            server.unregister("models", name)
-        self.log(f"captured what {name} answers to its {len(bodies)} input(s): its children's inputs")
-        return answered
-
-    def check_python(self, optimizations: set) -> None:
-        """Fail a point fast, before anything is built or registered, when the server's Python lacks what its
-        optimisation imports (ipex in segserve's own venv, torchao in .venv-ipex): a worker would fail to load."""
-        python = str(self.server.venv / "bin" / "python") if self.server.venv else sys.executable
-        for optimization in sorted(optimizations & set(OPTIMIZATION_MODULES)):
-            module = OPTIMIZATION_MODULES[optimization]
-            if (python, module) not in self.importable:
-                done = subprocess.run([python, "-c", f"import {module}"], capture_output=True, text=True, timeout=300)
-                self.importable[(python, module)] = done.returncode == 0
-            if not self.importable[(python, module)]:
-                hint = f": {IPEX_HINT}" if optimization == "ipex" else " (pip install torchao)"
-                raise RuntimeFailure(f"optimize {optimization}: {module} is not importable in {python}{hint}")
-
-    @staticmethod
-    def _worker_models(target: Target) -> dict[str, str]:
-        """Point.workers' keys (a node, or "workers" for one model) → the registered model they count."""
-        if not target.scaled_nodes:
-            return {"workers": target.name}
-        return {node: target.registered(node) for node in target.scaled_nodes}
-
-    def ensure_workers(self, point: Point, target: Target) -> None:
-        models = self._worker_models(target)
-        for node, count in point.workers.items():
-            if self.current_workers.get(node) != count:
-                model = models[node]
-                self.server.scale(model, count)
-                # TorchServe's CPU launcher restarts every worker of the model on a scale: wait for them.
-                self.server.wait_ready(model, WORKER_LOAD_TIMEOUT_S)
-                self.current_workers[node] = count
-                self.fresh_workers = True
-                self.changes["scales"] += 1
+        return self.torchserve.answers(name, bodies)

@@ -62,13 +62,14 @@ class Runner:
         progress = Progress(len(points) * rounds, self.log)
         records = []
         try:
-            for index in range(rounds):
-                if index:
+            this_round = 0
+            for index, point, _ in round_schedule(points, rounds):
+                if index != this_round:
                     self.deployment.release()  # fresh workers for the next round
-                for point in points if index % 2 == 0 else points[::-1]:
-                    started = time.monotonic()
-                    measured[point.run_id].append(self.measure_point(point))
-                    progress.step(point, measured[point.run_id][-1], time.monotonic() - started)
+                    this_round = index
+                started = time.monotonic()
+                measured[point.run_id].append(self.measure_point(point))
+                progress.step(point, measured[point.run_id][-1], time.monotonic() - started)
         finally:
             self.deployment.close()
             # also when stopped part-way: what was measured reaches runs/ and the summary, `rounds` says how much
@@ -225,6 +226,18 @@ class Runner:
         if target is None or (alone and target.kind != "model"):
             return None
         return next((node.name for node in target.nodes if node.model.weights), None)
+
+
+def round_schedule(points: list, rounds: int, sides: tuple = (None,)):
+    """(round, point, side) in the order they are measured: the points' order reversed every other round (A B C,
+    C B A, …) so that no point always comes first or last, and with two sides (`bench ab`'s versions) each point's
+    sides in turn, the other one first at each next point (a b, b a, …): a point's order flips between rounds too."""
+    slot = 0  # the (round, point) pairs in measuring order: the first side alternates between them
+    for index in range(rounds):
+        for point in points if index % 2 == 0 else points[::-1]:
+            for side in sides if slot % 2 == 0 else sides[::-1]:
+                yield index, point, side
+            slot += 1
 
 
 def no_request_completed(metrics: dict) -> str:
