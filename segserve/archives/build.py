@@ -171,10 +171,10 @@ class Recipe:
     def target_archive(self, target: Target, node_settings: dict) -> Path:
         """The archive `segserve serve` registers for a target, under its catalog name (a workflow's .war
         points at its nodes' .mar files by their catalog names)."""
-        if target.kind == "model":
+        if target.is_model:
             return self.node_archive(target.nodes[0].model, target.name, node_settings.get(target.name, {}))
         dag = self.catalog.dags[target.dag]
-        if target.kind == "fused":
+        if target.is_fused:
             return self.fused_archive(dag, target.name, node_settings, {})
         return self.workflow_archive(dag, target.name, {node.name: f"{node.model.name}.mar" for node in target.nodes})
 

@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import ClassVar
 
 import yaml
 
@@ -44,24 +45,31 @@ class Node:
 
 @dataclass(frozen=True)
 class Target:
+    """Something TorchServe serves: its nodes and what its kind means there. One class per kind (ModelTarget,
+    WorkflowTarget, FusedTarget): code elsewhere asks a target, it never compares a kind's name."""
+
     name: str
-    kind: str  # "model" | "workflow" | "fused"
     nodes: tuple[Node, ...]  # in DAG order, the root first
     dag: str | None = None  # the workflow YAML's stem (workflow and fused targets)
     leaves: tuple[str, ...] = ()
+    kind: ClassVar[str] = ""  # its label, in records and messages
+    is_model: ClassVar[bool] = False  # one model alone
+    is_workflow: ClassVar[bool] = False  # a TorchServe workflow: each node a model of its own, behind the frontend
+    is_fused: ClassVar[bool] = False  # a DAG run in one worker (one batch, one set of stage threads)
+    management: ClassVar[str] = "models"  # its management API collection: /models or /workflows
 
     @property
     def archive(self) -> str:
         """The file in the model store that registers it."""
-        return f"{self.name}.war" if self.kind == "workflow" else f"{self.name}.mar"
+        return f"{self.name}.mar"
 
     @property
     def endpoint(self) -> str:
-        return f"/wfpredict/{self.name}" if self.kind == "workflow" else f"/predictions/{self.name}"
+        return f"/predictions/{self.name}"
 
     def registered(self, node: str) -> str:
-        """The TorchServe model that runs a node: workflow nodes are registered as <workflow>__<node>."""
-        return f"{self.name}__{node}" if self.kind == "workflow" else self.name
+        """The TorchServe model that runs a node."""
+        return self.name
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -89,8 +97,43 @@ class Target:
 
     @property
     def scaled_nodes(self) -> tuple[str, ...]:
-        """What runtime worker counts are given for: each node (`<node>_workers`), or the one fused model."""
-        return () if self.kind == "fused" else tuple(n.name for n in self.nodes)
+        """What runtime worker counts are given for: each node (`<node>_workers`), or () for the one model."""
+        return tuple(n.name for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class ModelTarget(Target):
+    kind: ClassVar[str] = "model"
+    is_model: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class WorkflowTarget(Target):
+    kind: ClassVar[str] = "workflow"
+    is_workflow: ClassVar[bool] = True
+    management: ClassVar[str] = "workflows"
+
+    @property
+    def archive(self) -> str:
+        return f"{self.name}.war"
+
+    @property
+    def endpoint(self) -> str:
+        return f"/wfpredict/{self.name}"
+
+    def registered(self, node: str) -> str:
+        """Workflow nodes are registered as <workflow>__<node>."""
+        return f"{self.name}__{node}"
+
+
+@dataclass(frozen=True)
+class FusedTarget(Target):
+    kind: ClassVar[str] = "fused"
+    is_fused: ClassVar[bool] = True
+
+    @property
+    def scaled_nodes(self) -> tuple[str, ...]:
+        return ()  # one model: its `workers`
 
 
 @dataclass(frozen=True)
@@ -133,13 +176,13 @@ class Catalog:
         """Image-taking models first, then the rest by name; then each DAG: its workflow, then its fused twin."""
         targets = {}
         for model in sorted(self.models.values(), key=lambda m: (m.takes != "image", m.name)):
-            targets[model.name] = Target(model.name, "model", (Node(model.name, model),), leaves=(model.name,))
+            targets[model.name] = ModelTarget(model.name, (Node(model.name, model),), leaves=(model.name,))
         for dag in self.dags.values():
             order = parse_dag(dag.spec["dag"])
             nodes = tuple(Node(name, dag.nodes[name]) for name in order.order)
-            targets[dag.name] = Target(dag.name, "workflow", nodes, dag.name, tuple(order.leaves))
+            targets[dag.name] = WorkflowTarget(dag.name, nodes, dag.name, tuple(order.leaves))
             fused = dag.name + FUSED_SUFFIX
-            targets[fused] = Target(fused, "fused", nodes, dag.name, tuple(order.leaves))
+            targets[fused] = FusedTarget(fused, nodes, dag.name, tuple(order.leaves))
         return targets
 
     @property

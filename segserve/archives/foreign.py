@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from segserve.archives.catalog import Node, NodeModel, Target
+from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
 from segserve.archives.registration import WORKFLOW_MODEL_KEYS
 from segserve.archives.remote import cache_folder, fetch, folder_of, is_remote, joined, local_path
 from segserve.errors import RuntimeFailure, UsageError
@@ -39,8 +39,13 @@ class ForeignArchive:
     store_source: str | None = None  # the URL prefix `model_store` is fetched from
 
     @property
+    def is_workflow(self) -> bool:
+        return self.path.suffix == ".war"
+
+    @property
     def kind(self) -> str:
-        return "workflow" if self.path.suffix == ".war" else "model"
+        """Its label, in records and messages (its target: self.target(), a ModelTarget or a WorkflowTarget)."""
+        return "workflow" if self.is_workflow else "model"
 
     @property
     def nodes(self) -> dict[str, str]:
@@ -56,12 +61,12 @@ class ForeignArchive:
         return list(dict.fromkeys([*dag, *(child for kids in dag.values() for child in kids or [])]))
 
     def target(self) -> Target:
-        if self.kind == "model":
+        if not self.is_workflow:
             node = self.node or self.name
-            return Target(self.name, "model", (Node(node, _model(self.name, self.path)),), leaves=(node,))
+            return ModelTarget(self.name, (Node(node, _model(self.name, self.path)),), leaves=(node,))
         # each node's model is named as its member target (members=True): the efficiency table's members
         nodes = tuple(Node(node, _model(self.member_name(node), self.model_store / url)) for node, url in self.nodes.items())
-        return Target(self.name, "workflow", nodes, leaves=tuple(self._leaves()))
+        return WorkflowTarget(self.name, nodes, leaves=tuple(self._leaves()))
 
     def member_name(self, node: str) -> str:
         return f"{self.name}-{node}"
@@ -110,7 +115,7 @@ class ForeignArchive:
         updated by `spec_models` (node → {batch-size, max-batch-delay, timeout-ms, min-workers, max-workers}),
         beside its node .mar files. Returns the file name to register."""
         self.fetch_missing()
-        if self.kind == "model":
+        if not self.is_workflow:
             copy = store / f"{self.name}.mar"
             if self.node is not None and not self.path.is_file():  # a member: the .war names a .mar that is not there
                 raise RuntimeFailure(f"{self.path}: no such file (the .mar node {self.node!r} names)")
@@ -139,7 +144,7 @@ class ForeignArchive:
         then): fetched now, or a RuntimeFailure that names the URL with its credentials masked."""
         if self.source and not node_archives_only and not self.path.is_file():
             fetch(self.source, self.path.parent)
-        if self.store_source and self.kind == "workflow":
+        if self.store_source and self.is_workflow:
             for url in self.nodes.values():
                 if not (self.model_store / url).is_file():
                     fetch(joined(self.store_source, url), self.model_store)

@@ -53,10 +53,10 @@ def run(args) -> int:
     else:
         dag = args.dag or DEFAULT_DAG
         known = catalog()
-        scalable = sorted(t.name for t in known.targets.values() if t.kind in ("workflow", "fused"))
+        scalable = sorted(t.name for t in known.targets.values() if t.is_workflow or t.is_fused)
         if dag not in scalable:
             raise UsageError(unknown("DAG", dag, scalable))
-        fused = known.targets[dag].kind == "fused"
+        fused = known.targets[dag].is_fused
         # the fused pipeline's workers share the budget's cores (the thread rule): from 1 to one a core
         bounds = {dag: Bounds(1, budget)} if fused else dag_bounds(known, dag)
         server = running_server(args, dag)

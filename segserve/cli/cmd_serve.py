@@ -34,7 +34,7 @@ def run(args) -> int:
 
         server.model_store = fetch(args.model_store, Path(args.run_dir).resolve() / "model_store", args.endpoint_url)
     # one loop per server: the first workflow served, else the first fused pipeline
-    scalable = [t for kind in ("workflow", "fused") for t in targets if t.kind == kind]
+    scalable = [t for t in targets if t.is_workflow] + [t for t in targets if t.is_fused]
     if args.autoscale and not scalable:
         raise UsageError(
             "--autoscale moves workers between a workflow's nodes, or a fused pipeline's workers × threads: serve one (--targets seg_jpeg)"
@@ -47,6 +47,6 @@ def run(args) -> int:
 
         scaled = scalable[0]
         pid = start_beside(server, args.config, scaled.name)
-        what = "nodes" if scaled.kind == "workflow" else "workers × threads"
+        what = "nodes" if scaled.is_workflow else "workers × threads"
         print(f"autoscaling {scaled.name}'s {what} (pid {pid}): decisions in {server.run_dir / 'autoscale.jsonl'}, `segserve pin --show`")
     return 0

@@ -97,7 +97,7 @@ def cpu_handler(target, model_store: Path, scratch: Path):
         mar.extractall(folder)
     manifest = json.loads((folder / "MAR-INF" / "MANIFEST.json").read_text())
     config = yaml.safe_load((folder / manifest["model"]["configFile"]).read_text()) or {}
-    handler = PipelineHandler() if target.kind == "fused" else node_handler(target.nodes[0].model.handler)
+    handler = PipelineHandler() if target.is_fused else node_handler(target.nodes[0].model.handler)
     handler.initialize(worker_context(folder, dict(config.get("handler") or {}), manifest["model"].get("serializedFile")))
     return handler
 
@@ -126,7 +126,7 @@ def label_agreement(a: bytes, b: bytes) -> float | None:
 def image_targets(targets: list) -> list:
     """The served catalog targets that take an image and answer it themselves: every model and fused target whose
     root takes images (a workflow answers 200 with its node's error body, so its statuses say nothing)."""
-    return [t for t in targets if t.takes == "image" and t.kind != "workflow"]
+    return [t for t in targets if t.takes == "image" and not t.is_workflow]
 
 
 def check(server, targets: list, model_store: Path, log=print) -> dict:

@@ -45,7 +45,7 @@ def register(server, targets: list, log=print) -> None:
     from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S
 
     for target in targets:
-        if target.kind == "workflow":
+        if target.is_workflow:
             server.register_workflow(target.archive, target.name, log=log)
         else:
             server.register_model(target.archive, target.name, log=log)

@@ -18,7 +18,7 @@ DEFAULT_CONSTRAINTS = {"requests_failed": {"max": 0}}  # without the suite's own
 def node_targets(catalog: Catalog, dag: str) -> dict[str, str]:
     """Workflow node model (<dag>__<node>) → the bench target that measures its model alone."""
     workflow = catalog.target(dag, "workflow")
-    if workflow.kind != "workflow":
+    if not workflow.is_workflow:
         raise UsageError(f"--dag {dag}: not a workflow (choose from {', '.join(catalog.dags)})")
     return {workflow.registered(node.name): node.model.name for node in workflow.nodes}
 

@@ -46,6 +46,10 @@ class Served:
     registrations: dict[str, dict]  # TorchServe model → workers, batch_size, max_batch_delay_ms, response_timeout
     version: str = "1.0"  # a .mar's model version (its MANIFEST): the snapshot names it
 
+    @property
+    def is_workflow(self) -> bool:
+        return self.kind == "workflow"
+
 
 @dataclass(frozen=True)
 class Sized:
@@ -60,7 +64,7 @@ def served_foreign(target, foreign, chosen: dict) -> Served:
         return chosen.get(f"{node}_{param}", chosen.get(param))
 
     params = ("workers", *REGISTRATIONS)
-    if foreign.kind == "model":
+    if not foreign.is_workflow:
         values = {param: value(target.name, param) for param in params}
         return Served(target.name, "model", foreign.path.name, {target.name: values}, mar_version(foreign.path))
     nodes = {target.registered(node): {param: value(node, param) for param in params} for node in foreign.nodes}
@@ -151,7 +155,7 @@ CLUSTER_NOTE = [
 def cluster_overrides(served: Served, model_store: str, address: dict[str, str]) -> dict[str, str]:
     overrides = {f"{api}_address": url for api, url in address.items()}
     overrides.update({"disable_token_authorization": "true", "model_store": model_store})
-    if served.kind == "model":
+    if not served.is_workflow:
         overrides["model_snapshot"] = snapshot(served)
     return overrides
 
@@ -197,9 +201,9 @@ def write_manifests(best_dir: Path, chosen: dict, served: Served, on: str, core_
     address = {api: f"http://0.0.0.0:{port}" for api, port in PORTS.items()}
     k8s_config = config_text(template, cluster_overrides(served, f"{HOME}/model-store", address), CLUSTER_NOTE)
     k8s = k8s_objects(served, k8s_config, uri.value, resources, worker_env(chosen), replicas)
-    note = [] if served.kind == "model" else ["no kserve.yaml: KServe serves models by name; a workflow runs on this Deployment"]
+    note = [] if not served.is_workflow else ["no kserve.yaml: KServe serves models by name; a workflow runs on this Deployment"]
     (best_dir / "k8s.yaml").write_text(header(chosen, on, lines + note) + yaml.dump_all(k8s, Dumper=BlockDumper, sort_keys=False))
-    if served.kind != "model":
+    if served.is_workflow:
         return
     kserve_address = {"inference": "http://0.0.0.0:8085", "management": "http://0.0.0.0:8085", "metrics": "http://0.0.0.0:8082"}
     kserve_config = best_dir / "kserve" / "config" / "config.properties"
@@ -248,7 +252,7 @@ def k8s_objects(served: Served, config: str, uri: str, resources: dict, env: lis
     }
     if env:
         container["env"] = env
-    if served.kind == "workflow":  # probes start once this returns: ready means registered
+    if served.is_workflow:  # probes start once this returns: ready means registered
         container["lifecycle"] = {"postStart": {"exec": {"command": ["python3", "-c", register_workflow(served)]}}}
     volumes = [{"name": "config", "configMap": {"name": f"{name}-config"}}]
     pod = {"containers": [container], "volumes": volumes}

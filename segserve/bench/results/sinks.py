@@ -148,7 +148,7 @@ class Best(Sink):
 
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         management = "${TS_MANAGEMENT:-http://127.0.0.1:8081}"
-        if foreign.kind == "model":
+        if not foreign.is_workflow:
             query = f"url={foreign.path.name}&model_name={target.name}&initial_workers={chosen['workers']}&synchronous=true"
             query += registration.query(registration_of(chosen))
             calls = [f'curl -fsS -X POST "{management}/models?{query}"']

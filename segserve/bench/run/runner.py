@@ -223,7 +223,7 @@ class Runner:
         """The node of a target that carries the weights (seg); `alone`: only for a model target, the one whose
         points get the bare forward measured beside them."""
         target = self.catalog.targets.get(name)
-        if target is None or (alone and target.kind != "model"):
+        if target is None or (alone and not target.is_model):
             return None
         return next((node.name for node in target.nodes if node.model.weights), None)
 

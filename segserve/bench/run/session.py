@@ -211,7 +211,7 @@ def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
     result = {}
     for name in names:
         target = catalog.targets.get(name)
-        if target is not None and target.kind != "model":
+        if target is not None and not target.is_model:
             weights_node = next((n.name for n in target.nodes if n.model.weights), None)
             result[name] = Pipeline(target.members, weights_node)
     return result
@@ -224,7 +224,7 @@ def members_of(suite: Suite, catalog: Catalog) -> dict[str, dict[str, str]]:
     members = {}
     for name in suite.target_names:
         target = catalog.targets.get(name)
-        if target is None or target.kind == "model":
+        if target is None or target.is_model:
             continue
         nodes = {node.name: node.model.name for node in target.nodes}
         if set(nodes.values()) <= listed:

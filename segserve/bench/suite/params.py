@@ -190,14 +190,14 @@ PARAMS = {
 }
 
 
-def node_value_applies(param: Param, handler: str, target_kind: str) -> bool:
-    """Whether a per-node value (grid.archive.nodes.<node>.<param>) applies to a node with this handler in a
-    target of this kind: a workflow's node is a model of its own; a fused twin runs one batch with one set of
-    stage threads in one worker, so only the node's own handler settings apply there; a model measured
-    alone takes DAG-wide values only."""
-    if target_kind == "model" or not param.applies_to_handlers({handler}):
+def node_value_applies(param: Param, handler: str, target) -> bool:
+    """Whether a per-node value (grid.archive.nodes.<node>.<param>) applies to a node with this handler in this
+    target (segserve/archives/catalog.py's Target), by its kind: a workflow's node is a model of its own; a fused
+    twin runs one batch with one set of stage threads in one worker, so only the node's own handler settings apply
+    there; a model measured alone takes DAG-wide values only."""
+    if target.is_model or not param.applies_to_handlers({handler}):
         return False
-    return target_kind == "workflow" or not (param.stage or param.registration)
+    return target.is_workflow or not (param.stage or param.registration)
 
 
 def at_level(level: str) -> list[Param]:

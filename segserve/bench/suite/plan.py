@@ -73,14 +73,14 @@ def archive_values(suite: Suite, target: Target) -> dict:
     if target.name in suite.archive_targets:  # a user's handlers: only TorchServe's registration values apply
         params = [p for p in params if p.registration]
     values = {p.name: getattr(archive, p.name) for p in params if p.applies_to_handlers(target.handlers)}
-    if target.kind == "model":
+    if target.is_model:
         return values
     by_node = {node.name: node.model.handler for node in target.nodes}
     for node, given in archive.nodes.items():
         if node not in by_node:
             continue
         for name, options in given.model_dump(exclude_none=True).items():
-            if PARAMS[name] in params and node_value_applies(PARAMS[name], by_node[node], target.kind):
+            if PARAMS[name] in params and node_value_applies(PARAMS[name], by_node[node], target):
                 values[node_param(node, name)] = options
     return values
 
@@ -146,7 +146,7 @@ def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, d
                 value = params[given]
                 if param.registration:  # in a workflow spec's spelling and unit: what TorchServe reads there
                     registration.setdefault(node.name, {}).update(workflow_entry({param.name: value}))
-                elif param.stage and target.kind == "fused":
+                elif param.stage and target.is_fused:
                     stage.update(param.handler_settings(value))
                 else:
                     node_settings.setdefault(node.name, {}).update(param.handler_settings(value))

@@ -682,16 +682,16 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
             kind = "http" if name in suite.http_targets else "command"
             problems.append(f"targets: {name!r} is a catalog target: give the {kind} target another name")
     known = [catalog.targets[n] for n in deployed if n in catalog.targets]
-    nodes = list(dict.fromkeys(node.name for t in known for node in t.nodes if t.kind != "model"))
+    nodes = list(dict.fromkeys(node.name for t in known for node in t.nodes if not t.is_model))
     for node, given in suite.grid.archive.nodes.items():
         if node not in nodes:
             problems.append(f"grid.archive.nodes.{node}: {unknown('DAG node', node, nodes)}")
             continue
-        handlers = {(t.kind, n.model.handler) for t in known for n in t.nodes if n.name == node}
+        handlers = [(t, n.model.handler) for t in known for n in t.nodes if n.name == node]
         for name in given.model_dump(exclude_none=True):
             if not PARAMS[name].registration and all(t.name in suite.archive_targets for t in known if node in {n.name for n in t.nodes}):
                 continue  # a segserve-handler setting on nodes of a user's archives only: foreign_problems says so
-            if not any(node_value_applies(PARAMS[name], handler, kind) for kind, handler in handlers):
+            if not any(node_value_applies(PARAMS[name], handler, target) for target, handler in handlers):
                 problems.append(
                     f"grid.archive.nodes.{node}.{name}: applies to no target here (its handler takes no {name}, or the "
                     "targets are fused twins, which run one batch and one set of stage threads for every node)"

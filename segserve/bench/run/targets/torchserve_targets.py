@@ -125,7 +125,7 @@ class TorchServeTargets(Kind):
         """Unregister what is registered, so that the next point starts fresh workers (`bench ab`'s rounds)."""
         if self.server is not None and self.registered_key is not None:
             previous = self.catalog.targets[self.registered_key[0]]
-            self.server.unregister("workflows" if previous.kind == "workflow" else "models", previous.name)
+            self.server.unregister(previous.management, previous.name)
         self.registered_key = None
 
     def ensure_registered(self, point: Point, target: Target) -> None:
@@ -139,7 +139,7 @@ class TorchServeTargets(Kind):
         self.check_python({s.get("optimize") for s in node_settings.values()})
         workers = point.workers
         foreign = self.catalog.foreign.get(target.name)  # a user's archive: registered from a copy, never rebuilt
-        if target.kind == "workflow":
+        if target.is_workflow:
             spec_models = {
                 node.name: {**registration.get(node.name, {}), **workflow_entry({}, workers.get(node.name))} for node in target.nodes
             }
@@ -154,7 +154,7 @@ class TorchServeTargets(Kind):
         else:
             if foreign is not None:
                 archive = foreign.install(self.store)
-            elif target.kind == "fused":
+            elif target.is_fused:
                 name = f"{target.name}-{_digest([node_settings, stage])}"
                 if not (self.store / f"{name}.mar").exists():
                     self.recipe.fused_archive(self.catalog.dags[target.dag], name, node_settings, stage)
