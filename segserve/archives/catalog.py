@@ -57,6 +57,7 @@ class Target:
     is_workflow: ClassVar[bool] = False  # a TorchServe workflow: each node a model of its own, behind the frontend
     is_fused: ClassVar[bool] = False  # a DAG run in one worker (one batch, one set of stage threads)
     management: ClassVar[str] = "models"  # its management API collection: /models or /workflows
+    best_rank: ClassVar[int] = 2  # which suite winner best/ describes: a workflow's (0), a fused twin's (1), a model's
 
     @property
     def archive(self) -> str:
@@ -112,6 +113,7 @@ class WorkflowTarget(Target):
     kind: ClassVar[str] = "workflow"
     is_workflow: ClassVar[bool] = True
     management: ClassVar[str] = "workflows"
+    best_rank: ClassVar[int] = 0
 
     @property
     def archive(self) -> str:
@@ -130,6 +132,7 @@ class WorkflowTarget(Target):
 class FusedTarget(Target):
     kind: ClassVar[str] = "fused"
     is_fused: ClassVar[bool] = True
+    best_rank: ClassVar[int] = 1
 
     @property
     def scaled_nodes(self) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.registration import REGISTRATIONS, model_config_entry
+from segserve.bench.results import manifest_check
 from segserve.bench.suite.params import PARAMS
 from segserve.serving.cores import load_plan
 from segserve.serving.ts_config import render_config
@@ -33,6 +34,14 @@ IMAGE = "pytorch/torchserve:0.12.0-cpu"  # the TorchServe release segserve pins
 HOME = "/home/model-server"  # the image's working directory (logs/ land there)
 PORTS = {"inference": 8080, "management": 8081, "metrics": 8082}
 MEMORY_HEADROOM = 1.25  # over the RSS measured at the end of the point: allocations between samples, a larger batch
+# What best/kserve.yaml says of the runtime it relies on (docs/deploying.md says the same): facts as of the KServe
+# commit its schemas come from (bench/results/kserve/README.md).
+RUNTIME_FUTURE = [
+    "validated against KServe's InferenceService CRD (commit aaac4e29, 2026-08-21), strict; its runtime offers pytorch and v1",
+    "runtime: KServe's kserve-torchserve ClusterServingRuntime, shipped since KServe v0.8.0 (the first with ServingRuntimes)",
+    "and still at that commit; TorchServe is archived (0.12.0, its last release, 2025) and kserve/kserve PR #5638 removes",
+    "the runtime: where a KServe no longer has it, apply best/k8s.yaml instead (stock TorchServe, nothing of KServe)",
+]
 KSERVE_PROTOCOL = "v1"  # KServe selects its TorchServe runtime for modelFormat pytorch with protocol v1 (v2 also runs)
 
 
@@ -178,8 +187,9 @@ def header(chosen: dict, on: str, lines: list[str]) -> str:
     return "\n".join(top + [f"# {line}" for line in lines]) + "\n"
 
 
-def write_manifests(best_dir: Path, chosen: dict, served: Served, on: str, core_plan: str | None = None, replicas: int = 1) -> None:
-    """best/k8s.yaml, and for a model best/kserve.yaml and best/kserve/config/config.properties."""
+def write_manifests(best_dir: Path, chosen: dict, served: Served, on: str, core_plan: str | None = None, replicas: int = 1) -> list[str]:
+    """best/k8s.yaml, and for a model best/kserve.yaml and best/kserve/config/config.properties; each manifest only
+    when it validates as a cluster would validate it (manifest_check.py). Returns why one was not written."""
     uri, cores, mem = storage_uri(served.name), cpu(chosen, served, core_plan), memory(chosen)
     amounts = {"cpu": str(cores.value), **({"memory": mem.value} if mem else {})}
     resources = {"requests": amounts, "limits": dict(amounts)}
@@ -202,9 +212,13 @@ def write_manifests(best_dir: Path, chosen: dict, served: Served, on: str, core_
     k8s_config = config_text(template, cluster_overrides(served, f"{HOME}/model-store", address), CLUSTER_NOTE)
     k8s = k8s_objects(served, k8s_config, uri.value, resources, worker_env(chosen), replicas)
     note = [] if not served.is_workflow else ["no kserve.yaml: KServe serves models by name; a workflow runs on this Deployment"]
-    (best_dir / "k8s.yaml").write_text(header(chosen, on, lines + note) + yaml.dump_all(k8s, Dumper=BlockDumper, sort_keys=False))
+    versions = " and ".join(manifest_check.kubernetes_versions())
+    note.append(f"validated against Kubernetes {versions}'s OpenAPI schemas, strict (kubernetes-validate)")
+    refused = [f"best/k8s.yaml not written: {problem}" for problem in manifest_check.kubernetes_problems(k8s)]
+    if not refused:
+        (best_dir / "k8s.yaml").write_text(header(chosen, on, lines + note) + yaml.dump_all(k8s, Dumper=BlockDumper, sort_keys=False))
     if served.is_workflow:
-        return
+        return refused
     kserve_address = {"inference": "http://0.0.0.0:8085", "management": "http://0.0.0.0:8085", "metrics": "http://0.0.0.0:8082"}
     kserve_config = best_dir / "kserve" / "config" / "config.properties"
     kserve_config.parent.mkdir(parents=True, exist_ok=True)
@@ -212,7 +226,12 @@ def write_manifests(best_dir: Path, chosen: dict, served: Served, on: str, core_
     kserve_config.write_text(config_text(template, overrides, CLUSTER_NOTE))
     lines[-1] += f"; upload best/kserve/config/config.properties to {uri.value}/config/"
     service = inference_service(served, uri.value, resources, worker_env(chosen), replicas, chosen.get("concurrency"))
+    problems = manifest_check.inference_service_problems(service)
+    if problems:
+        return refused + [f"best/kserve.yaml not written: {problem}" for problem in problems]
+    lines += RUNTIME_FUTURE
     (best_dir / "kserve.yaml").write_text(header(chosen, on, lines) + yaml.dump(service, Dumper=BlockDumper, sort_keys=False))
+    return refused
 
 
 def inference_service(served: Served, uri: str, resources: dict, env: list[dict], replicas: int, concurrency) -> dict:

@@ -97,14 +97,14 @@ class Best(Sink):
     """best/config.properties and best/<dag>.yaml from the best workflow or fused point (else any target's); for an
     archive target also its register.sh and the manifests to run it in a cluster (manifests.py)."""
 
-    def __init__(self, catalog: Catalog):
-        self.catalog = catalog
+    def __init__(self, catalog: Catalog, log=print):
+        self.catalog, self.log = catalog, log
 
     def finish(self, run: FinishedRun) -> None:
         winners = run.analysis.winners
-        kinds = {name: self.catalog.targets[name].kind if name in self.catalog.targets else "http" for name in winners}
-        order = sorted(winners, key=lambda name: ("workflow", "fused", "model", "http").index(kinds[name]))
-        chosen = next((winners[name] for name in order if winners[name] and kinds[name] != "http"), None)
+        # a workflow's best first, then a fused twin's, then a model's; an http or command target's never (not ours)
+        ours = sorted((name for name in winners if name in self.catalog.targets), key=lambda name: self.catalog.targets[name].best_rank)
+        chosen = next((winners[name] for name in ours if winners[name]), None)
         if chosen is None:
             return
         best_dir = run.out_dir / "best"
@@ -124,7 +124,8 @@ class Best(Sink):
         foreign = self.catalog.foreign.get(target.name)
         if foreign is not None:
             self.foreign_best(best_dir, chosen, target, foreign, on)
-            write_manifests(best_dir, chosen, served_foreign(target, foreign, chosen), on, run.suite.core_plan)
+            for refused in write_manifests(best_dir, chosen, served_foreign(target, foreign, chosen), on, run.suite.core_plan):
+                self.log(refused)  # the rest of best/ stays
             return
         if target.dag is None:
             return
