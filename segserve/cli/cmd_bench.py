@@ -189,7 +189,8 @@ def run_suite(args) -> int:
     from dataclasses import replace
 
     from segserve.bench.results.export import checked
+    from segserve.fuse import fuse
 
     exports = checked(args.export, args.endpoint_url)  # credentials, bucket, namespace: now, not after measuring
-    run_points(replace(run, exports=exports))
+    run_points(replace(run, exports=exports, fuse=fuse))
     return 0

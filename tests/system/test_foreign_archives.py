@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import zipfile
 from pathlib import Path
 
 import boto3
@@ -19,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from segserve.bench.results import manifest_check
 from segserve.cli import main
 from tests.integration.test_export import aws  # noqa: F401 (the fixture: moto's S3 on loopback)
 
@@ -193,6 +195,13 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
     spec = yaml.safe_load((folder / "best" / "pipeline.yaml").read_text())
     assert spec["models"]["tiny"]["min-workers"] == best["tiny_workers"] and spec["models"]["encode"]["max-workers"] == 2
     assert spec["models"]["tiny"]["batch-size"] == best["batch_size"] and spec["dag"] == {"tiny": ["encode"]}
+    # and the .war fused into one .mar KServe can serve, with its manifests, each validated as a cluster would (#51)
+    fused = folder / "best" / "fused"
+    assert zipfile.is_zipfile(fused / "fused_pipeline.mar") and not (folder / "best" / "fused.txt").exists()
+    k8s = list(yaml.safe_load_all((fused / "k8s.yaml").read_text()))
+    service = yaml.safe_load((fused / "kserve.yaml").read_text())
+    assert manifest_check.kubernetes_problems(k8s) == [] and manifest_check.inference_service_problems(service) == []
+    assert '"marName":"fused_pipeline.mar"' in next(d for d in k8s if d["kind"] == "ConfigMap")["data"]["config.properties"]
 
 
 def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite_goes_on(user_archives, tmp_path, monkeypatch, capsys):

@@ -75,3 +75,20 @@ def test_a_manifest_that_does_not_validate_is_not_written_and_the_rest_of_best_s
     assert (best / "k8s.yaml").is_file() and (best / "register.sh").is_file() and (best / "config.properties").is_file()
     assert said == ["best/kserve.yaml not written: InferenceService: KServe's CRD: spec.predictor: Additional properties are not "
                     "allowed ('minReplica' was unexpected)"]  # fmt: skip
+
+
+def test_a_workflow_that_cannot_be_fused_gets_best_fused_txt_saying_why_and_the_rest_of_best_stays(tmp_path, monkeypatch):
+    from segserve.errors import UsageError
+
+    def cannot_fuse(war, model_store, out, log):
+        raise UsageError(f"{war}: node 'x y': a node name of letters, digits, '_' and '-' only can be fused")
+
+    monkeypatch.delenv(manifests.STORAGE_ENV, raising=False)
+    spec = {"models": {"seg": {"url": "seg.mar"}, "jpeg": {"url": "jpeg.mar"}}, "dag": {"seg": ["jpeg"]}}
+    foreign = ForeignArchive("seed_flow", tmp_path / "seed_flow.war", tmp_path, spec, "spec.yaml")
+    said = []
+    chosen = record(target="seed_flow", run_id="seed_flow-9f8e7d6c", workers=1, server_rss_mb=None)
+    best = finish_best(tmp_path, foreign, chosen, log=said.append, fuse=cannot_fuse)
+    assert "cannot be fused into one .mar, so KServe cannot serve it" in (best / "fused.txt").read_text()
+    assert not (best / "fused").exists() and (best / "k8s.yaml").is_file() and (best / "seed_flow.yaml").is_file()
+    assert len(said) == 1 and said[0].startswith("best/: no fused .mar of seed_flow.war: ") and "'x y'" in said[0]

@@ -90,7 +90,7 @@ def record(**values) -> dict:
     return {**base, "environment": environment, **values}
 
 
-def finish_best(tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None, log=print) -> Path:
+def finish_best(tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None, log=print, fuse=None) -> Path:
     """The Best sink as a suite's end runs it, on a catalog holding only this archive target."""
     target = foreign.target()
     catalog = SimpleNamespace(targets={target.name: target}, foreign={target.name: foreign}, config_template=ROOT / "config.properties")
@@ -99,7 +99,7 @@ def finish_best(tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None,
     run = SimpleNamespace(
         analysis=SimpleNamespace(winners={target.name: chosen}), out_dir=out, environment={}, suite=SimpleNamespace(core_plan=core_plan)
     )
-    Best(catalog, log).finish(run)
+    Best(catalog, log, fuse).finish(run)
     return out / "best"
 
 

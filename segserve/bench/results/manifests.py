@@ -80,6 +80,17 @@ def served_foreign(target, foreign, chosen: dict) -> Served:
     return Served(target.name, "workflow", f"{target.name}.war", nodes)
 
 
+def served_fused(name: str, mar: Path, chosen: dict, root: str) -> Served:
+    """The fused .mar of a workflow's best point: one model, with the workflow's DAG-wide workers and its root node's
+    batching (the fused worker takes a batch of requests at the root)."""
+
+    def value(param: str):
+        return chosen.get(f"{root}_{param}", chosen.get(param))
+
+    values = {"workers": chosen.get("workers"), **{param: value(param) for param in REGISTRATIONS}}
+    return Served(name, "model", mar.name, {name: values}, mar_version(mar))
+
+
 def mar_version(path: Path) -> str:
     try:
         with zipfile.ZipFile(path) as mar:
@@ -187,7 +198,9 @@ def header(chosen: dict, on: str, lines: list[str]) -> str:
     return "\n".join(top + [f"# {line}" for line in lines]) + "\n"
 
 
-def write_manifests(best_dir: Path, chosen: dict, served: Served, on: str, core_plan: str | None = None, replicas: int = 1) -> list[str]:
+def write_manifests(
+    best_dir: Path, chosen: dict, served: Served, on: str, core_plan: str | None = None, replicas: int = 1, notes: tuple[str, ...] = ()
+) -> list[str]:
     """best/k8s.yaml, and for a model best/kserve.yaml and best/kserve/config/config.properties; each manifest only
     when it validates as a cluster would validate it (manifest_check.py). Returns why one was not written."""
     uri, cores, mem = storage_uri(served.name), cpu(chosen, served, core_plan), memory(chosen)
@@ -204,6 +217,7 @@ def write_manifests(best_dir: Path, chosen: dict, served: Served, on: str, core_
         f"registration from {chosen['run_id']}: {registrations}",
         f"env: {env_text or 'none'} (server parameters of {chosen['run_id']})",
         f"archives: {uri.value}/model-store/{served.archive} ({uri.why})",
+        *notes,
     ]
     if chosen.get("pinning") in ("torchserve", "plan"):
         lines.append(f"pinning {chosen['pinning']} is not carried over: whole cores with requests = limits get exclusive cores")

@@ -3,6 +3,7 @@ the finished run once (`finish`). A new output (an exporter) is a new class here
 """
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,12 +14,13 @@ from segserve.archives import registration
 from segserve.archives.catalog import Catalog
 from segserve.archives.registration import REGISTRATIONS, workflow_entry
 from segserve.bench.results.analysis import Analysis
-from segserve.bench.results.manifests import served_foreign, write_manifests
+from segserve.bench.results.manifests import served_foreign, served_fused, write_manifests
 from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
 from segserve.bench.results.report import write_report
 from segserve.bench.results.store import write_summary
 from segserve.bench.suite.spec import Suite
+from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import label
 from segserve.serving.ts_config import render_config
 
@@ -97,8 +99,9 @@ class Best(Sink):
     """best/config.properties and best/<dag>.yaml from the best workflow or fused point (else any target's); for an
     archive target also its register.sh and the manifests to run it in a cluster (manifests.py)."""
 
-    def __init__(self, catalog: Catalog, log=print):
-        self.catalog, self.log = catalog, log
+    def __init__(self, catalog: Catalog, log=print, fuse=None):
+        # fuse(war, model_store, out, log) → the fused .mar (segserve/fuse/, given by the command: a layer above this)
+        self.catalog, self.log, self.fuse = catalog, log, fuse
 
     def finish(self, run: FinishedRun) -> None:
         winners = run.analysis.winners
@@ -126,6 +129,8 @@ class Best(Sink):
             self.foreign_best(best_dir, chosen, target, foreign, on)
             for refused in write_manifests(best_dir, chosen, served_foreign(target, foreign, chosen), on, run.suite.core_plan):
                 self.log(refused)  # the rest of best/ stays
+            if foreign.is_workflow and self.fuse is not None:
+                self.fused_best(best_dir, chosen, target, foreign, on, run.suite.core_plan)
             return
         if target.dag is None:
             return
@@ -138,6 +143,28 @@ class Best(Sink):
             spec["models"][node].update(workflow_entry(registration_of(chosen, f"{node}_"), workers))
         header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
         (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
+
+    def fused_best(self, best_dir: Path, chosen: dict, target, foreign, on: str, core_plan) -> None:
+        """A .war's best point as one .mar that KServe can serve (`segserve fuse`), with its k8s and KServe manifests,
+        in best/fused/; or best/fused.txt saying why its workflow cannot be fused."""
+        fused_dir = best_dir / "fused"
+        name = f"fused_{target.name}"
+        try:
+            fused_dir.mkdir(exist_ok=True)
+            mar = self.fuse(foreign.path, foreign.model_store, fused_dir / f"{name}.mar", log=lambda _: None)
+        except (UsageError, RuntimeFailure) as why:  # a node it cannot fuse, or the archiver failing on it
+            shutil.rmtree(fused_dir, ignore_errors=True)
+            (best_dir / "fused.txt").write_text(f"{target.name}.war cannot be fused into one .mar, so KServe cannot serve it: {why}\n")
+            self.log(f"best/: no fused .mar of {target.name}.war: {why}")
+            return
+        shutil.copy(best_dir / "config.properties", fused_dir / "config.properties")
+        notes = (
+            f"{mar.name}: `segserve fuse {target.name}.war` (every node in one worker); the workflow was measured, not it:",
+            f"measure it with an archive target {{name: {name}, archive: best/fused/{mar.name}}} before relying on its rate",
+        )
+        served = served_fused(name, mar, chosen, target.nodes[0].name)
+        for refused in write_manifests(fused_dir, chosen, served, on, core_plan, notes=notes):
+            self.log(refused)
 
     @staticmethod
     def foreign_best(best_dir, chosen: dict, target, foreign, on: str) -> None:

@@ -311,6 +311,7 @@ class SuiteRun:
     heartbeat_s: int = study.HEARTBEAT_S
     exports: list | None = None
     rounds: int = 1
+    fuse: object = None  # segserve fuse's fuse(): a .war's best point also as one .mar in best/fused/ (the command gives it)
 
 
 @dataclass
@@ -386,7 +387,7 @@ def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
         log(planning.describe(suite, points).splitlines()[-1])
     else:  # the grid's totals would mislead: say what the search may measure
         log(describe_search(suite, catalog, points))
-    sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog, log), Terminal(log)]
+    sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog, log, run.fuse), Terminal(log)]
     if run.exports:
         sinks.append(Export(run.exports, log))  # last: it sends the files the others wrote
     deployment = Deployment(suite, catalog, run.weights, log, port_base=run.port_base)
