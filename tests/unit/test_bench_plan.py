@@ -365,3 +365,15 @@ def test_rounds_reverse_the_points_every_other_round_and_alternate_two_sides():
     assert ab == ["xa", "xb", "yb", "ya", "ya", "yb", "xb", "xa"]  # each point's sides in turn, flipped next round
     one = [s for _, _, s in round_schedule(["x"], 4, ("a", "b"))]
     assert one == ["a", "b", "b", "a", "a", "b", "b", "a"]  # one point: bench ab's A B, B A, … as before
+
+
+def test_the_record_type_declares_every_base_column_and_a_records_own_keys():
+    from segserve.bench.run.runner import record_for
+    from segserve.bench.suite.columns import BASE_COLUMNS, Record
+
+    declared = set(Record.__annotations__)
+    assert set(BASE_COLUMNS) <= declared  # the type and the summary's first columns stay in step
+    point = plan.Point("seg", (), (("batch_size", 4),), (("workers", 2),), (("concurrency", 8),))
+    record = record_for(point, 1.23456, {"throughput_rps": 10.0}, None)
+    assert {"run_id", "target", "point_key", "reconfigure_s", "error"} <= set(record) <= declared  # these params are base columns
+    assert isinstance(record["run_id"], str) and record["reconfigure_s"] == 1.235 and record["batch_size"] == 4

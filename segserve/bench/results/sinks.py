@@ -19,6 +19,7 @@ from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
 from segserve.bench.results.report import write_report
 from segserve.bench.results.store import write_summary
+from segserve.bench.suite.columns import Record
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import label
@@ -47,7 +48,7 @@ class FinishedRun:
 
 
 class Sink:
-    def add(self, record: dict) -> None:
+    def add(self, record: Record) -> None:
         pass
 
     def finish(self, run: FinishedRun) -> None:
@@ -61,7 +62,7 @@ class RunsFolder(Sink):
         self.runs_dir = out_dir / "runs"
         self.runs_dir.mkdir(parents=True, exist_ok=True)
 
-    def add(self, record: dict) -> None:
+    def add(self, record: Record) -> None:
         (self.runs_dir / f"{record['run_id']}.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
     def finish(self, run: FinishedRun) -> None:

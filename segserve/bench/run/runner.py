@@ -17,6 +17,7 @@ from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, u
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.measure import bare_device, bare_shape, measure, measure_phases, run_accuracy, run_bare
 from segserve.bench.search import Strategy
+from segserve.bench.suite.columns import Record
 from segserve.bench.suite.plan import Point, settings_for
 from segserve.errors import RuntimeFailure
 from segserve.model.accuracy import verdict
@@ -328,11 +329,11 @@ def combine_rounds(rounds: list[dict]) -> dict:
     return record
 
 
-def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: str | None, weights_node: str | None = None) -> dict:
+def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: str | None, weights_node: str | None = None) -> Record:
     """The flat record of a point: the design's columns first, every parameter, the metrics. `workers` is the
     node carrying the weights (seg) where a target scales nodes apart, else its one count."""
     params, workers = point.params, point.workers
-    return {
+    return {  # type: ignore[typeddict-item]  (its parameters and metrics beside the declared keys)
         "run_id": point.run_id,
         "target": point.target,
         "workers": workers.get(weights_node) or next(iter(workers.values()), None),

@@ -6,6 +6,7 @@ in the names; `summary.csv` has one row per run point.
 """
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,38 @@ METRICS = {
     ]
 }
 
+
 # Columns every summary row has, in order (DESIGN.md); swept parameters follow them.
+class Record(TypedDict, total=False):
+    """A measured point, as runs/<run_id>.json, summary.jsonl, a shared study and the sinks hold it: the keys every
+    record has (the base columns below, its identity and outcome), typed; beside them one key per parameter of the
+    point (bench/suite/params.py: `<node>_<param>` for a node's own) and the metrics of METRICS, which are these
+    same names with the units in them."""
+
+    run_id: str
+    target: str
+    point_key: str  # the point's place in the space, whatever else it was measured with
+    workers: int | None
+    batch_size: int | None
+    max_batch_delay_ms: int | None
+    concurrency: int | None
+    request_rate_rps: float | None
+    duration_s: float
+    requests_ok: int
+    requests_failed: int
+    throughput_rps: float | None  # None: no request answered (the point's error says why)
+    latency_mean_ms: float | None
+    latency_p50_ms: float | None
+    latency_p90_ms: float | None
+    latency_p99_ms: float | None
+    latency_max_ms: float | None
+    server_queue_ms: float | None
+    client_cpu_pct: float | None
+    reconfigure_s: float
+    error: str | None  # why the point failed; None for a measurement
+    environment: dict  # the machine it was measured on (segserve/machine/identity.py)
+
+
 BASE_COLUMNS = [
     "run_id",
     "target",
