@@ -80,7 +80,12 @@ class Deployment:
 
     @property
     def current_workers(self) -> dict:
+        """Workers per node as the last deploy scaled them ({} after the autoscaler moved them: scale every node)."""
         return self.torchserve.current_workers
+
+    @current_workers.setter
+    def current_workers(self, workers: dict) -> None:
+        self.torchserve.current_workers = workers
 
     def ensure_server(self, point: Point) -> None:
         self.torchserve.ensure_server(point)
