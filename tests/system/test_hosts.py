@@ -198,7 +198,6 @@ def test_a_study_over_two_hosts_loses_one_mid_trial_and_no_point_is_lost_or_meas
     by_host = {name: {p.stem for p in (tmp_path / f"results-{name}").glob("hosts/*/runs/*.json")} for name in hosts}
     assert retried and by_host["a"] and by_host["b"] and not by_host["a"] & by_host["b"], (counts, by_host)
     lost = {t.number: t.user_attrs.get("point") for t in every_trial}
-    for trial in retried:
-        assert trial.state == TrialState.COMPLETE and trial.user_attrs.get("point") == lost[trial.system_attrs["failed_trial"]]
-        assert trial.user_attrs.get("point") in by_host["b"] - by_host["a"], (trial.user_attrs, by_host)
+    for trial in retried:  # the copy may itself lose a claim to host b's own trial of that point: the point is what counts
+        assert lost[trial.system_attrs["failed_trial"]] in by_host["b"] - by_host["a"], (trial.number, lost, by_host)
     assert by_host["a"] | by_host["b"] == set(everything)
