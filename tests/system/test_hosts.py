@@ -10,17 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 from segserve.bench.search import study
-from segserve.serving.ts_config import free_port_base
 from tests.conftest import ROOT
-from tests.system.test_study_postgres import as_postgres, postgres_bin
+from tests.system.test_study_postgres import running_postgres, shared_suite
 
 pytestmark = pytest.mark.long
 SUBNET = "10.231"  # hosts 10.231.<n>.2, this side 10.231.<n>.1: only between the namespaces and this host
@@ -69,55 +65,18 @@ def kill_namespace(namespace: str) -> list[int]:
 
 @pytest.fixture
 def postgres_for(hosts):
-    """PostgreSQL on this side, listening on loopback and on this side of each veth, trusting only those subnets."""
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed and `make setup-postgres` could not install it (apt-get install postgresql)")
-    home = Path(tempfile.mkdtemp(prefix="segserve-pg-hosts-"))
-    shutil.chown(home, "postgres")
-    data, port = home / "data", free_port_base()
-    subprocess.run(
-        as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"]), check=True, capture_output=True
-    )
-    with open(data / "pg_hba.conf", "a") as hba:
-        hba.writelines(f"host all all {outside}/32 trust\n" for _, outside, _ in hosts.values())
-    listen = ",".join(["127.0.0.1", *(here for _, _, here in hosts.values())])
-    options = f"-p {port} -k {home} -c listen_addresses={listen}"
-    subprocess.run(
-        as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(home / "log"), "-w", "start"]),
-        check=True,
-        capture_output=True,
-    )
-    try:
+    """PostgreSQL on this side, listening on loopback and on this side of each veth, trusting only the hosts."""
+    listen = ("127.0.0.1", *(here for _, _, here in hosts.values()))
+    with running_postgres(listen, tuple(outside for _, outside, _ in hosts.values())) as port:
         yield lambda address: f"postgresql://postgres@{address}:{port}/postgres"
-    finally:
-        subprocess.run(as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]), capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_a_study_over_two_hosts_loses_one_mid_trial_and_no_point_is_lost_or_measured_twice(hosts, postgres_for, tmp_path, trained_weights):
     import optuna
     from optuna.trial import TrialState
 
-    suite = tmp_path / "hosts.yaml"
-    suite.write_text(
-        textwrap.dedent(
-            f"""
-            name: hosts
-            targets: [seg_jpeg_fused]
-            inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
-            grid:
-              archive: {{batch_size: [1, 2, 4]}}
-              runtime: {{workers: [1, 2]}}
-              load: {{concurrency: [4]}}
-            # two hosts share 2 cores here: the other's load is expected, not a disturbance
-            load: {{warmup_s: 1, window_s: 1, stable_windows: 2, max_windows: 4, stability_tolerance: 0.5,
-                    max_others_share: 1.0, bare_forward_s: 0.6}}
-            constraints: {{requests_failed: {{max: 0}}}}
-            search: {{strategy: optuna, sampler: tpe, seed: 1}}
-            """
-        )
-    )
+    # two hosts share 2 cores here: the other's load is expected, not a disturbance; no budget: the whole grid
+    suite = shared_suite(tmp_path / "hosts.yaml", "{strategy: optuna, sampler: tpe, seed: 1}", 1, 1, 4)
     planned = subprocess.run(
         [sys.executable, "-m", "segserve.cli", "bench", str(suite), "--dry-run", "--weights", str(trained_weights)],
         cwd=ROOT,

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,10 @@ def as_postgres(command: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
 
 
-@pytest.fixture(scope="module")
-def postgres_url():
+@contextmanager
+def running_postgres(listen: tuple[str, ...] = ("127.0.0.1",), clients: tuple[str, ...] = ()):
+    """A PostgreSQL of its own in a temporary directory on a free port, listening on `listen`, trusting loopback
+    and the `clients` addresses; yields its port. Skips where PostgreSQL cannot be installed."""
     bin_dir = postgres_bin()
     if bin_dir is None:
         pytest.skip("PostgreSQL is not installed and `make setup-postgres` could not install it (apt-get install postgresql)")
@@ -49,18 +52,49 @@ def postgres_url():
     subprocess.run(
         as_postgres([str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust"]), check=True, capture_output=True
     )
-    options = f"-p {port} -k {home} -c listen_addresses=127.0.0.1"
+    with open(data / "pg_hba.conf", "a") as hba:
+        hba.writelines(f"host all all {client}/32 trust\n" for client in clients)
+    options = f"-p {port} -k {home} -c listen_addresses={','.join(listen)}"
     subprocess.run(
         as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(home / "log"), "-w", "start"]),
         check=True,
         capture_output=True,
     )
     try:
-        # the password is ignored (trust) but kept, so that it shows where a URL would leak it
-        yield f"postgresql://postgres:pg-secret@127.0.0.1:{port}/postgres"
+        yield port
     finally:
         subprocess.run(as_postgres([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop"]), capture_output=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    with running_postgres() as port:
+        # the password is ignored (trust) but kept, so that it shows where a URL would leak it
+        yield f"postgresql://postgres:pg-secret@127.0.0.1:{port}/postgres"
+
+
+def shared_suite(path: Path, search: str, warmup_s: float, window_s: float, max_windows: int) -> Path:
+    """A small fused-pipeline grid (3 batch sizes × 2 worker counts) for bench processes that share one study."""
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            name: {path.stem}
+            targets: [seg_jpeg_fused]
+            inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
+            grid:
+              archive: {{batch_size: [1, 2, 4]}}
+              runtime: {{workers: [1, 2]}}
+              load: {{concurrency: [4]}}
+            # two servers share 2 cores here: the other process's load is expected, not a disturbance
+            load: {{warmup_s: {warmup_s}, window_s: {window_s}, stable_windows: 2, max_windows: {max_windows}, stability_tolerance: 0.5,
+                    max_others_share: 1.0, bare_forward_s: 0.6}}
+            constraints: {{requests_failed: {{max: 0}}}}
+            search: {search}
+            """
+        )
+    )
+    return path
 
 
 def test_a_dead_search_hands_its_point_to_another_through_postgresql(postgres_url):
@@ -77,25 +111,7 @@ def test_a_dead_search_hands_its_point_to_another_through_postgresql(postgres_ur
 
 
 def test_two_bench_processes_share_one_study_and_collect_writes_it(postgres_url, tmp_path, trained_weights):
-    suite = tmp_path / "shared.yaml"
-    suite.write_text(
-        textwrap.dedent(
-            f"""
-            name: shared
-            targets: [seg_jpeg_fused]
-            inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
-            grid:
-              archive: {{batch_size: [1, 2, 4]}}
-              runtime: {{workers: [1, 2]}}
-              load: {{concurrency: [4]}}
-            # two servers share 2 cores here: the other process's load is expected, not a disturbance
-            load: {{warmup_s: 0.5, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5,
-                    max_others_share: 1.0, bare_forward_s: 0.6}}
-            constraints: {{requests_failed: {{max: 0}}}}
-            search: {{strategy: optuna, sampler: tpe, budget: {{points: 4}}, seed: 1}}
-            """
-        )
-    )
+    suite = shared_suite(tmp_path / "shared.yaml", "{strategy: optuna, sampler: tpe, budget: {points: 4}, seed: 1}", 0.5, 0.5, 3)
     common = [sys.executable, "-m", "segserve.cli", "bench", str(suite), "--storage", postgres_url, "--weights", str(trained_weights)]
     processes = []
     for index in range(2):
