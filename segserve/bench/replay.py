@@ -7,6 +7,7 @@ alone are auto's probes, not candidates).
 
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from segserve.archives.catalog import Catalog
@@ -128,9 +129,22 @@ def render(results: dict) -> str:
     return render_table(rows, columns)
 
 
-def main(result_dir: Path, catalog: Catalog, strategies: str, budgets: str, seeds: int, as_json: bool) -> int:
-    if seeds < 1:
-        raise UsageError(f"--seeds must be ≥ 1 (got {seeds})")
-    results = replay(result_dir, catalog, strategies.split(","), budgets.split(","), seeds, log=(lambda _: None) if as_json else print)
-    print(json.dumps(results) if as_json else render(results))
+@dataclass(frozen=True)
+class ReplayRun:
+    """`segserve bench replay RESULTS`'s options."""
+
+    result_dir: Path  # a complete recorded grid
+    catalog: Catalog
+    strategies: str  # comma-separated: grid,random,optuna,auto
+    budgets: str  # comma-separated fractions of the candidates or whole numbers of points
+    seeds: int
+    as_json: bool = False
+
+
+def main(run: ReplayRun) -> int:
+    if run.seeds < 1:
+        raise UsageError(f"--seeds must be ≥ 1 (got {run.seeds})")
+    log = (lambda _: None) if run.as_json else print
+    results = replay(run.result_dir, run.catalog, run.strategies.split(","), run.budgets.split(","), run.seeds, log=log)
+    print(json.dumps(results) if run.as_json else render(results))
     return 0

@@ -114,10 +114,10 @@ def run_schema(args) -> int:
 
 
 def run_compare(args) -> int:
-    from segserve.bench.results.compare import compare
+    from segserve.bench.results.compare import CompareRun, compare
 
     try:
-        text, regressed = compare(Path(args.old), Path(args.new), min_effect=args.min_effect, across_machines=args.across_machines)
+        text, regressed = compare(CompareRun(Path(args.old), Path(args.new), args.min_effect, args.across_machines))
     except FileNotFoundError as error:
         raise UsageError(str(error)) from None
     print(text)
@@ -142,15 +142,15 @@ def run_replay(args) -> int:
     from segserve.bench import replay
 
     try:
-        return replay.main(Path(args.results), catalog(), args.strategy, args.budget, args.seeds, args.json)
+        return replay.main(replay.ReplayRun(Path(args.results), catalog(), args.strategy, args.budget, args.seeds, args.json))
     except FileNotFoundError as error:
         raise UsageError(str(error)) from None
 
 
 def run_collect(args) -> int:
-    from segserve.bench.run.session import collect
+    from segserve.bench.run.session import CollectRun, collect
 
-    collect(args.study, args.storage, catalog(), Path(args.results))
+    collect(CollectRun(args.study, args.storage, catalog(), Path(args.results)))
     return 0
 
 

@@ -64,7 +64,7 @@ def serve(out_json: Path) -> int:
         targets = served_targets(None)
         start_pipeline(server, targets)
         took("start")
-        try:
+        with server:  # stopped, every process of it, however the block ends
             catalog = Catalog(ROOT)
             for name in pipelines()[1]:
                 out = Path(scratch) / name
@@ -90,8 +90,6 @@ def serve(out_json: Path) -> int:
             fused = catalog.target(list(pipelines()[1])[-1])  # the workflow's fused twin
             report["profile"] = profile_fused(server, fused, Path(scratch), out_json.parent)
             took("profile")
-        finally:
-            server.stop()
     out_json.write_text(json.dumps(report, indent=2))
     print(json.dumps({k: v for k, v in report.items() if k != "hostile"}, indent=2))
     failed = any(t["failed"] or t["jpegs"] != t["sent"] for t in report["targets"].values())

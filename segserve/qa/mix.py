@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = {t.name: t for t in served_targets(args.targets)}
         start_pipeline(server, list(targets.values()), log=lambda _: None)
         failed = 0  # requests not answered 200, small and large
-        try:
+        with server:  # stopped, every process of it, however the block ends
             header = ("target", "large/s", "small p50", "small p99", "small rps", "large p50", "large ok")
             print("{:16s} {:>7s} {:>10s} {:>10s} {:>9s} {:>10s} {:>8s}".format(*header))
             for target in args.targets.split(","):
@@ -93,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
                         failed += sum(not ok for result in (small_result, large_result) if result for ok in result.ok)
                         rate = args.large_rps if with_large else 0
                         print(f"{target:16s} {rate:7.2f} {p50:10.1f} {p99:10.1f} {rps:9.1f} {large_p50:10.1f} {large_ok:>8s}")
-        finally:
-            server.stop()
     print(f"goal {'met' if not failed else 'MISSED'}: {failed} request(s) not answered 200")
     return 1 if failed else 0
 

@@ -118,8 +118,7 @@ def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, 
     suite = load_suite(suite_path, catalog)
     (point,) = expand(suite, catalog)
     nodes, stage, _ = settings_for(point, catalog.targets["seg_jpeg_fused"])
-    deployment = Deployment(suite, catalog, trained_weights, log=lambda _: None)
-    try:
+    with Deployment(suite, catalog, trained_weights, log=lambda _: None) as deployment:
         archive = deployment.recipe.fused_archive(catalog.dags["seg_jpeg"], "fused-test", nodes, stage)
         with zipfile.ZipFile(archive) as zipped:
             jpeg_node = yaml.safe_load(zipped.read("nodes/jpeg.yaml"))["handler"]
@@ -130,8 +129,6 @@ def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, 
             assert config["handler"]["overlap"] is True and config["handler"]["spec"] == "seg_jpeg.yaml"
             assert yaml.safe_load(zipped.read("seg_jpeg.yaml"))["dag"] == {"seg": ["jpeg"]}
             assert "nodes/seg.yaml" in zipped.namelist()
-    finally:
-        deployment.close()
 
 
 def test_a_grid_measured_in_rounds_alternates_its_points_and_keeps_the_median_of_each(tmp_path, trained_weights, capsys):

@@ -84,7 +84,8 @@ def test_the_v2_body_is_a_padded_json_header_then_one_length_prefixed_bytes_elem
 
 def winner(target, rps, windows, kind=None, **extra):
     record = {"target": target, "run_id": f"{target}-1", "throughput_rps": rps, "measured_window_throughputs_rps": windows, **extra}
-    return record | ({"target_kind": kind} if kind else {})
+    # as the command targets' kind (bench/run/targets/command_targets.py) marks its records
+    return record | ({"target_kind": kind, "peer_server": kind == "command"} if kind else {})
 
 
 def test_side_by_side_divides_by_segserves_best_and_prints_a_wide_ratio_as_uncertain():

@@ -5,7 +5,7 @@ import pytest
 
 from segserve.archives.foreign import ForeignArchive
 from segserve.bench.ab import SideCatalog, project_root, users_config
-from segserve.bench.results.compare import compare
+from segserve.bench.results.compare import CompareRun, compare
 from segserve.errors import UsageError
 from tests.conftest import ROOT
 from tests.unit.test_report import record, write_results
@@ -30,10 +30,10 @@ def test_compare_without_a_point_in_common_names_the_targets_of_each(tmp_path):
     old = write_results(tmp_path / "old", [record("mine-1", "mine", 100.0, 100.0)])
     new = write_results(tmp_path / "new", [record("theirs-1", "theirs", 100.0, 100.0)])
     with pytest.raises(UsageError, match="no point in common .*old measured mine; new measured theirs"):
-        compare(old, new)
+        compare(CompareRun(old, new))
     same = write_results(tmp_path / "same", [record("mine-2", "mine", 100.0, 100.0)])
     with pytest.raises(UsageError, match=r"the same targets \(mine\) at other points of the space"):
-        compare(old, same)
+        compare(CompareRun(old, same))
 
 
 def test_compare_names_a_members_inputs_as_its_parents_answers(tmp_path):
@@ -45,6 +45,6 @@ def test_compare_names_a_members_inputs_as_its_parents_answers(tmp_path):
     for folder in (old, new):
         (folder / "suite.yaml").write_text(suite)
     with pytest.raises(UsageError) as refused:
-        compare(old, new)
+        compare(CompareRun(old, new))
     assert "wf-enc wf-enc-1 vs wf-enc-2: measured with other inputs (what its parent node answers" in str(refused.value)
     assert "archive (the .mar of its node of s3://bucket/wf.war?x=1 is not the file it was)" in str(refused.value)

@@ -220,7 +220,7 @@ def test_a_core_plan_sizes_the_pod_by_its_cores(tmp_path):
     core = sorted(os.sched_getaffinity(0))[0]
     plan = tmp_path / "plan.yaml"
     plan.write_text(f"frontend: [{core}]\nmodels:\n  tiny: {{cores: [{core}]}}\n")
-    served = manifests.Served("tiny", "model", "tiny.mar", {"tiny": {"workers": 4}})
+    served = manifests.Served("tiny", False, "tiny.mar", {"tiny": {"workers": 4}})
     sized = manifests.cpu(record(pinning="plan", omp_num_threads=2), served, str(plan))
     assert sized.value == 1 and str(plan) in sized.why  # the frontend shares the model's core: one core in all
 

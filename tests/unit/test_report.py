@@ -6,7 +6,7 @@ import json
 import pytest
 
 from segserve.bench.results.analysis import Pipeline, analyse, served_vs_bare
-from segserve.bench.results.compare import compare
+from segserve.bench.results.compare import CompareRun, compare
 from segserve.bench.results.plots import pareto_front
 from segserve.bench.results.render import render_table
 from segserve.bench.results.report import write_report
@@ -227,7 +227,7 @@ def test_compare_decides_from_the_windows_and_fails_only_on_a_detected_slowdown(
     old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0, measured_window_throughputs_rps=[99.0, 100.0, 101.0])])
     rps = sum(new_windows) / len(new_windows)
     new = write_results(tmp_path / "new", [record("a", "seg", rps, 100.0, measured_window_throughputs_rps=new_windows)])
-    text, got = compare(old, new, min_effect=0.05)
+    text, got = compare(CompareRun(old, new, min_effect=0.05))
     assert got is slower
     line = text.splitlines()[0].split("; latency_p99_ms")[0]
     assert line.startswith("a: throughput_rps 100 → ") and line.endswith(" " + verdict), text
@@ -239,7 +239,7 @@ def test_compare_lists_unmatched_points_and_ignores_them_for_regression(tmp_path
     none = {"measured_window_throughputs_rps": []}
     old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0, **none), record("gone", "seg", 1.0, 1.0)])
     new = write_results(tmp_path / "new", [record("a", "seg", 101.0, 100.0, **none), record("added", "jpeg", 1.0, 1.0)])
-    text, regressed = compare(old, new)
+    text, regressed = compare(CompareRun(old, new))
     assert not regressed
     assert "too noisy to tell" in text.splitlines()[0]  # no windows recorded: nothing to decide from
     assert f"gone: only in old ({old})" in text
@@ -249,14 +249,14 @@ def test_compare_lists_unmatched_points_and_ignores_them_for_regression(tmp_path
 def test_compare_counts_a_newly_failing_point_as_regression(tmp_path):
     old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0)])
     new = write_results(tmp_path / "new", [record("a", "seg", None, None, error="timeout")])
-    text, regressed = compare(old, new)
+    text, regressed = compare(CompareRun(old, new))
     assert regressed and "now failing: timeout" in text
 
 
 def test_compare_names_the_missing_summary(tmp_path):
     new = write_results(tmp_path / "new", [record("a", "seg", 1.0, 1.0)])
     with pytest.raises(FileNotFoundError, match="summary.jsonl"):
-        compare(tmp_path / "nowhere", new)
+        compare(CompareRun(tmp_path / "nowhere", new))
 
 
 def test_summary_jsonl_is_one_json_object_per_line(tmp_path, records):
@@ -328,9 +328,9 @@ def test_compare_refuses_points_measured_differently_and_says_what_differs(tmp_p
     new_setup = {**setup, "load": "eeee", "inputs": "ffff"}
     new = write_results(tmp_path / "new", [record("seg-2", "seg", 100.0, 100.0, point_key="k1", setup=new_setup)])
     with pytest.raises(UsageError, match=r"seg seg-1 vs seg-2: measured with other inputs, load"):
-        compare(old, new)
+        compare(CompareRun(old, new))
     same = write_results(tmp_path / "same", [record("seg-1", "seg", 99.0, 100.0, point_key="k1", setup=setup)])
-    assert compare(old, same)[1] is False
+    assert compare(CompareRun(old, same))[1] is False
 
 
 def test_compare_refuses_folders_without_a_point_in_common(tmp_path):
@@ -339,7 +339,7 @@ def test_compare_refuses_folders_without_a_point_in_common(tmp_path):
     old = write_results(tmp_path / "old", [record("seg-1", "seg", 100.0, 100.0)])
     new = write_results(tmp_path / "new", [record("seg-2", "seg", 100.0, 100.0)])
     with pytest.raises(UsageError, match="no point in common"):
-        compare(old, new)
+        compare(CompareRun(old, new))
 
 
 def test_a_served_rate_above_the_bare_network_beyond_its_interval_is_suspect_not_a_result():
@@ -451,11 +451,11 @@ def test_compare_refuses_runs_from_different_machines_unless_asked_and_then_says
     old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0, environment=zen3)])
     new = write_results(tmp_path / "new", [record("a", "seg", 60.0, 100.0, environment=spr)])
     with pytest.raises(UsageError, match=r"different machines \(cpu_family, .*cpu_isa.*\)[\s\S]*--across-machines"):
-        compare(old, new)
-    text, slower = compare(old, new, across_machines=True)
+        compare(CompareRun(old, new))
+    text, slower = compare(CompareRun(old, new, across_machines=True))
     assert text.startswith("ACROSS MACHINES") and "family 25 model 1" in text and "Platinum 8488C" in text and slower
     same = write_results(tmp_path / "same", [record("a", "seg", 100.0, 100.0, environment=zen3)])
-    assert "ACROSS" not in compare(old, same)[0]
+    assert "ACROSS" not in compare(CompareRun(old, same))[0]
     # a baseline from before the CPU was identified still compares, by CPU name and cores, and says so
     before = write_results(tmp_path / "before", [record("a", "seg", 100.0, 100.0, environment={"cpu_model": "AMD EPYC", "cpu_cores": 2})])
-    assert "compared by CPU name and cores only" in compare(before, same)[0]
+    assert "compared by CPU name and cores only" in compare(CompareRun(before, same))[0]

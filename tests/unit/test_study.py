@@ -9,7 +9,7 @@ import pytest
 
 from segserve.archives.catalog import Catalog
 from segserve.bench.run.runner import record_for
-from segserve.bench.run.session import collect
+from segserve.bench.run.session import CollectRun, collect
 from segserve.bench.search import make_strategy, study
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Budget, load_suite
@@ -135,7 +135,7 @@ def test_collect_writes_one_result_folder_from_the_study(tmp_path):
             metrics = {"throughput_rps": 10.0 * point.params["batch_size"] + point.params["workers"], "requests_failed": 0}
             rec = {**record_for(point, 0.1, {**metrics, "latency_p99_ms": 50.0}, None), "measured_by": f"host:{who}"}
             search.tell(point, rec)
-    out = collect("tiny", str(tmp_path / "study.log"), catalog, tmp_path / "results", log=lambda _: None)
+    out = collect(CollectRun("tiny", str(tmp_path / "study.log"), catalog, tmp_path / "results"), log=lambda _: None)
     rows = [json.loads(line) for line in (out / "summary.jsonl").read_text().splitlines()]
     assert len(rows) == 4 and len({r["run_id"] for r in rows}) == 4
     assert len(list((out / "runs").glob("*.json"))) == 4

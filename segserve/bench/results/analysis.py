@@ -57,7 +57,7 @@ def side_by_side(winners: dict[str, dict | None]) -> list[dict]:
     p99, its server's CPU and RSS, and its throughput ÷ segserve's best target's (median of windows over median of
     windows, printed as a number only within ±15%); nothing without command targets."""
     measured = {name: w for name, w in winners.items() if w is not None}
-    if not any(w.get("target_kind") == "command" for w in measured.values()):
+    if not any(w.get("peer_server") for w in measured.values()):
         return []
     ours = [w for w in measured.values() if not w.get("target_kind")]
     reference = max(ours, key=lambda w: w["throughput_rps"], default=None)

@@ -199,10 +199,21 @@ def targets_of(old_rows: list[dict], new_rows: list[dict]) -> str:
     return f"old measured {', '.join(map(str, old))}; new measured {', '.join(map(str, new))}"
 
 
-def compare(old_dir: Path, new_dir: Path, min_effect: float = 0.05, across_machines: bool = False) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class CompareRun:
+    """`segserve bench compare OLD NEW`'s options."""
+
+    old_dir: Path
+    new_dir: Path
+    min_effect: float = 0.05  # a change smaller than this share is "no detectable change"
+    across_machines: bool = False  # compare folders measured on different machines (else refused)
+
+
+def compare(run: CompareRun) -> tuple[str, bool]:
     """Join two result folders on run id and judge each point's throughput change from its windows, then the
     suite's (overall_change); the second value is True only on a detected slowdown of the suite larger than
     min_effect, or a point that now fails. Folders from different machines are refused unless across_machines."""
+    old_dir, new_dir, min_effect, across_machines = run.old_dir, run.new_dir, run.min_effect, run.across_machines
     old_rows, new_rows = read_summary(old_dir), read_summary(new_dir)
     archives = archive_targets(old_dir) | archive_targets(new_dir)
     differently = measured_differently(old_rows, new_rows, archives)

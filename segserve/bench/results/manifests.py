@@ -50,14 +50,10 @@ class Served:
     """What the best point registers: a model archive, or a workflow archive whose nodes run as models."""
 
     name: str  # registered as
-    kind: str  # "model" | "workflow"
+    is_workflow: bool  # a .war (its nodes run as models), else a .mar
     archive: str  # the file in the model store
     registrations: dict[str, dict]  # TorchServe model → workers, batch_size, max_batch_delay_ms, response_timeout
     version: str = "1.0"  # a .mar's model version (its MANIFEST): the snapshot names it
-
-    @property
-    def is_workflow(self) -> bool:
-        return self.kind == "workflow"
 
 
 @dataclass(frozen=True)
@@ -75,9 +71,9 @@ def served_foreign(target, foreign, chosen: dict) -> Served:
     params = ("workers", *REGISTRATIONS)
     if not foreign.is_workflow:
         values = {param: value(target.name, param) for param in params}
-        return Served(target.name, "model", foreign.path.name, {target.name: values}, mar_version(foreign.path))
+        return Served(target.name, False, foreign.path.name, {target.name: values}, mar_version(foreign.path))
     nodes = {target.registered(node): {param: value(node, param) for param in params} for node in foreign.nodes}
-    return Served(target.name, "workflow", f"{target.name}.war", nodes)
+    return Served(target.name, True, f"{target.name}.war", nodes)
 
 
 def served_fused(name: str, mar: Path, chosen: dict, root: str) -> Served:
@@ -88,7 +84,7 @@ def served_fused(name: str, mar: Path, chosen: dict, root: str) -> Served:
         return chosen.get(f"{root}_{param}", chosen.get(param))
 
     values = {"workers": chosen.get("workers"), **{param: value(param) for param in REGISTRATIONS}}
-    return Served(name, "model", mar.name, {name: values}, mar_version(mar))
+    return Served(name, False, mar.name, {name: values}, mar_version(mar))
 
 
 def mar_version(path: Path) -> str:

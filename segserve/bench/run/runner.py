@@ -50,7 +50,6 @@ class Runner:
                 self.strategy.tell(point, record)
                 records.append(record)
         finally:
-            self.deployment.close()
             self.strategy.close()
         return records
 
@@ -72,7 +71,6 @@ class Runner:
                 measured[point.run_id].append(self.measure_point(point))
                 progress.step(point, measured[point.run_id][-1], time.monotonic() - started)
         finally:
-            self.deployment.close()
             # also when stopped part-way: what was measured reaches runs/ and the summary, `rounds` says how much
             for point in (p for p in points if measured[p.run_id]):
                 record = {**combine_rounds(measured[point.run_id]), **base(point)}

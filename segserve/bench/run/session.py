@@ -17,7 +17,7 @@ from segserve.archives.remote import masked_text
 from segserve.bench.results.analysis import Pipeline, analyse
 from segserve.bench.results.sinks import Best, Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs
-from segserve.bench.run.command import package_versions, v2_binary_body
+from segserve.bench.run.command import v2_binary_body
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.inputs import Body, class_maps, request_bodies
 from segserve.bench.run.runner import Runner, bare_throughputs
@@ -272,15 +272,6 @@ def describe_search(suite: Suite, catalog: Catalog, points: list[planning.Point]
     return f"search: {search.strategy} (seed {search.seed}) over {space} candidate points{aside}; budget {allowed}"
 
 
-def command_versions(spec, log) -> dict:
-    """A command target's package versions, or {"error": why} (its points still run: they fail on their own)."""
-    try:
-        return package_versions(spec.command[0], spec.packages)
-    except RuntimeFailure as failure:
-        log(f"{spec.name}: {failure}")
-        return {"error": str(failure)}
-
-
 def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.Point]:
     """The points with the run ids a run will give them (--dry-run)."""
     return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
@@ -390,23 +381,18 @@ def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
     sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog, log, run.fuse), Terminal(log)]
     if run.exports:
         sinks.append(Export(run.exports, log))  # last: it sends the files the others wrote
-    deployment = Deployment(suite, catalog, run.weights, log, port_base=run.port_base)
-    prepared.setup.capture = deployment.answers
-    runner = Runner(catalog, deployment, strategy, sinks, prepared.setup.bodies_for, log)
-    warn_about_machine(points, runner, kept, env_info, log)
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
+    # its servers stop as the measuring ends: the analysis, the sinks and the profile run on a quiet machine
+    with Deployment(suite, catalog, run.weights, log, port_base=run.port_base) as deployment:
+        prepared.setup.capture = deployment.answers
+        runner = Runner(catalog, deployment, strategy, sinks, prepared.setup.bodies_for, log)
+        warn_about_machine(points, runner, kept, env_info, log)
 
-    versions = {name: command_versions(spec, log) for name, spec in suite.command_targets.items()}
+        def base(point) -> dict:
+            record = {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by}
+            return record | deployment.kind_of(point.target).record_keys(point.target)
 
-    def base(point) -> dict:
-        record = {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by}
-        if point.target in suite.http_targets:
-            record["target_kind"] = "http"
-        if point.target in versions:  # a peer server: its own packages, as its interpreter sees them
-            record |= {"target_kind": "command", "server_versions": versions[point.target]}
-        return record
-
-    records = runner.run_rounds(run.rounds, base) if run.rounds > 1 else runner.run(done, base)
+        records = runner.run_rounds(run.rounds, base) if run.rounds > 1 else runner.run(done, base)
     return records, runner, sinks, env_info
 
 
@@ -465,9 +451,8 @@ def _profile_point(suite, catalog: Catalog, weights: Path, point, setup, out_dir
     from segserve.bench.run import profiler
     from segserve.bench.run.load import LoadSpec
 
-    deployment = Deployment(suite, catalog, weights, log, port_base=port_base)
-    setup.capture = deployment.answers
-    try:
+    with Deployment(suite, catalog, weights, log, port_base=port_base) as deployment:
+        setup.capture = deployment.answers
         bodies = setup.bodies_for(point.target)  # before the deploy: a member's capture releases what is registered
         endpoint = deployment.deploy(point)
         connections = point.params.get("concurrency") or 8
@@ -479,14 +464,24 @@ def _profile_point(suite, catalog: Catalog, weights: Path, point, setup, out_dir
             return profiler.profile(server, target, server.run_dir, seconds, out, bodies, connections, 100, log, warm_s)
         spec = LoadSpec(endpoint.url, endpoint.path, bodies, endpoint.token, connections, headers=endpoint.headers)
         return profiler.record(point.target, deployment.watched_processes(endpoint), spec, seconds, out, 100, log, None, warm_s)
-    finally:
-        deployment.close()
 
 
-def collect(name: str, storage_url: str | None, catalog: Catalog, results_root: Path, log=print) -> Path:
+@dataclass(frozen=True)
+class CollectRun:
+    """`segserve bench collect STUDY`'s options."""
+
+    study: str  # the study's name (with storage_url), or a result folder (its study.log) or a journal file
+    storage_url: str | None
+    catalog: Catalog
+    results_root: Path
+
+
+def collect(run: CollectRun, log=print) -> Path:
     """`segserve bench collect STUDY`: one result folder (runs/, summary, report, best/) from every point the
     study's processes measured. Without --storage, STUDY is a result folder (its study.log) or a journal file."""
     import optuna
+
+    name, storage_url, catalog, results_root = run.study, run.storage_url, run.catalog, run.results_root
 
     if storage_url is None:
         path = Path(name)

@@ -3,7 +3,7 @@ again when its own values (the point's server level) change."""
 
 import time
 
-from segserve.bench.run.command import V2_HEADER_BYTES
+from segserve.bench.run.command import V2_HEADER_BYTES, package_versions
 from segserve.bench.run.measure import Endpoint
 from segserve.bench.run.targets.kind import Kind
 from segserve.bench.suite.plan import Point
@@ -18,9 +18,21 @@ class CommandTargets(Kind):
         self.suite, self.log = suite, log
         self.command: CommandServer | None = None  # the running server
         self.command_key = None
+        self.versions: dict[str, dict] = {}  # each target's package versions, read once
 
     def owns(self, name: str) -> bool:
         return name in self.suite.command_targets
+
+    def record_keys(self, name: str) -> dict:
+        """A peer server (side by side with segserve's best in the analysis) and its own packages, as its interpreter sees them."""
+        if name not in self.versions:
+            spec = self.suite.command_targets[name]
+            try:
+                self.versions[name] = package_versions(spec.command[0], spec.packages)
+            except RuntimeFailure as failure:  # its points still run: they fail on their own
+                self.log(f"{spec.name}: {failure}")
+                self.versions[name] = {"error": str(failure)}
+        return {"target_kind": "command", "peer_server": True, "server_versions": self.versions[name]}
 
     def deploy(self, point: Point) -> Endpoint:
         """The point's command running and healthy (started again when its own values changed)."""

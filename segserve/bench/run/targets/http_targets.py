@@ -19,6 +19,9 @@ class HttpTargets(Kind):
     def owns(self, name: str) -> bool:
         return name in self.suite.http_targets
 
+    def record_keys(self, name: str) -> dict:
+        return {"target_kind": "http"}
+
     def deploy(self, point: Point) -> Endpoint:
         http = self.suite.http_targets[point.target]
         parts = urlsplit(http.url)

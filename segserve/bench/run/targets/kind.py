@@ -18,6 +18,10 @@ class Kind:
     def deploy(self, point: Point) -> Endpoint:
         raise NotImplementedError
 
+    def record_keys(self, name: str) -> dict:
+        """What each record of this kind's target `name` carries besides its measurements (the kind, a peer's versions)."""
+        return {}
+
     def watched_processes(self, endpoint: Endpoint) -> dict[str, list[int]] | None:
         """The deployed point's processes by role, for their CPU and RSS; None where they are not ours to watch."""
         return None
