@@ -69,8 +69,9 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
             budget = parse_budget(given)
             scores, used, registrations, restarts, close = [], [], [], [], 0
             for seed in range(seeds):
-                search = suite.search  # the recorded suite's sampler and batch, if it has a search section
-                strategy = make_strategy(name, points, budget, members, seed, [objective], constraints, search.sampler, batch=search.batch)
+                # the recorded suite's sampler and batch, if it has a search section
+                settings = suite.search.model_copy(update={"strategy": name, "budget": budget, "seed": seed})
+                strategy = make_strategy(settings, points, members, [objective], constraints)
                 told = []
                 while (point := strategy.ask()) is not None:
                     record = rows[point.key]

@@ -5,7 +5,7 @@ import pytest
 from segserve.bench.search import budget_points, make_strategy
 from segserve.bench.search.optuna_search import Space
 from segserve.bench.suite.plan import Point
-from segserve.bench.suite.spec import Budget
+from segserve.bench.suite.spec import Budget, SearchSettings
 from segserve.errors import UsageError
 
 BATCHES = [1, 2, 4, 8, 16, 32]
@@ -58,17 +58,17 @@ def test_budgets_in_points_fractions_and_too_large():
 
 def test_grid_with_a_budget_measures_the_first_points_in_order():
     points = space()
-    assert run(make_strategy("grid", points, Budget(points=7))) == points[:7]
-    assert run(make_strategy("grid", points)) == points
+    assert run(make_strategy(SearchSettings(strategy="grid", budget=Budget(points=7)), points)) == points[:7]
+    assert run(make_strategy(SearchSettings(strategy="grid"), points)) == points
 
 
 def test_random_measures_a_seeded_sample_in_the_grids_order():
     points = space()
-    first = run(make_strategy("random", points, Budget(fraction=0.1), seed=3))
+    first = run(make_strategy(SearchSettings(strategy="random", budget=Budget(fraction=0.1), seed=3), points))
     assert len(first) == 12 and len(set(first)) == 12
     assert first == sorted(first, key=points.index)  # restarts only where values change
-    assert run(make_strategy("random", points, Budget(fraction=0.1), seed=3)) == first
-    assert run(make_strategy("random", points, Budget(fraction=0.1), seed=4)) != first
+    assert run(make_strategy(SearchSettings(strategy="random", budget=Budget(fraction=0.1), seed=3), points)) == first
+    assert run(make_strategy(SearchSettings(strategy="random", budget=Budget(fraction=0.1), seed=4), points)) != first
 
 
 def test_space_maps_suggestions_to_grid_points_and_back():
@@ -90,14 +90,19 @@ def test_optuna_steers_away_from_points_that_break_a_constraint():
         return r
 
     constraints = {"latency_p99_ms": {"max": 100}}
-    asked = run(make_strategy("optuna", space(), Budget(points=30), seed=1, constraints=constraints, sampler="tpe"), answer)
+    asked = run(
+        make_strategy(SearchSettings(strategy="optuna", budget=Budget(points=30), seed=1, sampler="tpe"), space(), constraints=constraints),
+        answer,
+    )
     late = asked[15:]
     assert sum(p.params["workers"] == 1 for p in late) > len(late) / 2
 
 
 def test_optuna_with_two_objectives_and_a_budget_in_minutes():
     clock = iter(range(0, 10_000, 30))  # every look at the clock: 30 s later
-    strategy = make_strategy("optuna", space(), Budget(minutes=2), objectives=["throughput_rps", "latency_p99_ms"], sampler="tpe")
+    strategy = make_strategy(
+        SearchSettings(strategy="optuna", budget=Budget(minutes=2), sampler="tpe"), space(), objectives=["throughput_rps", "latency_p99_ms"]
+    )
     strategy.clock = lambda: next(clock)
     asked = run(strategy)
     assert 1 <= len(asked) <= 4
@@ -105,13 +110,16 @@ def test_optuna_with_two_objectives_and_a_budget_in_minutes():
 
 
 def test_failed_points_are_told_as_failed_and_the_search_goes_on():
-    asked = run(make_strategy("optuna", space(), Budget(points=10), seed=0), lambda p: {"run_id": p.run_id, "error": "RuntimeFailure: x"})
+    asked = run(
+        make_strategy(SearchSettings(strategy="optuna", budget=Budget(points=10), seed=0), space()),
+        lambda p: {"run_id": p.run_id, "error": "RuntimeFailure: x"},
+    )
     assert len(asked) == 10
 
 
 def test_unknown_strategy_is_refused():
     with pytest.raises(UsageError, match="unknown search strategy 'bayes'"):
-        make_strategy("bayes", space())
+        make_strategy(SearchSettings.model_construct(strategy="bayes"), space())  # past the suite's own check
 
 
 def members_space() -> tuple[list[Point], dict]:
@@ -147,7 +155,7 @@ def pipeline_truth(p: Point) -> float:
 
 def test_auto_measures_the_members_bases_then_the_pipeline_most_parallel_then_one_parameter_at_a_time():
     points, members = members_space()
-    strategy = make_strategy("auto", points, Budget(points=60), members)
+    strategy = make_strategy(SearchSettings(strategy="auto", budget=Budget(points=60)), points, members=members)
     answered = {}
 
     def answer(p):
@@ -176,4 +184,4 @@ def test_auto_measures_the_members_bases_then_the_pipeline_most_parallel_then_on
 def test_auto_needs_the_members_of_a_pipeline():
     points, _ = members_space()
     with pytest.raises(UsageError, match="the models of its nodes"):
-        make_strategy("auto", [p for p in points if p.target == "seg_jpeg"], Budget(points=10), {})
+        make_strategy(SearchSettings(strategy="auto", budget=Budget(points=10)), [p for p in points if p.target == "seg_jpeg"], members={})

@@ -12,7 +12,7 @@ from segserve.bench.run.runner import record_for
 from segserve.bench.run.session import CollectRun, collect
 from segserve.bench.search import make_strategy, study
 from segserve.bench.suite import plan as planning
-from segserve.bench.suite.spec import Budget, load_suite
+from segserve.bench.suite.spec import Budget, SearchSettings, load_suite
 from segserve.cli import main
 from tests.conftest import ROOT
 from tests.unit.test_search import record, space
@@ -20,7 +20,12 @@ from tests.unit.test_search import record, space
 
 def shared(storage, seed: int, points=None, limit: int = 24, name: str = "shared"):
     # TPE: the GP sampler refits for every suggestion, and a shared study answers many of them from records
-    return make_strategy("optuna", points or space(), Budget(points=limit), seed=seed, sampler="tpe", storage=storage, study_name=name)
+    return make_strategy(
+        SearchSettings(strategy="optuna", budget=Budget(points=limit), seed=seed, sampler="tpe"),
+        points or space(),
+        storage=storage,
+        study_name=name,
+    )
 
 
 def test_two_searches_on_one_study_never_measure_a_point_twice(tmp_path):
@@ -80,7 +85,7 @@ def test_two_searches_that_each_took_the_last_slot_keep_only_the_earlier_claim(t
 
 
 def test_the_pruner_stops_a_point_below_the_median_of_the_finished_ones():
-    search = make_strategy("optuna", space(), Budget(points=30), seed=0, sampler="tpe")
+    search = make_strategy(SearchSettings(strategy="optuna", budget=Budget(points=30), seed=0, sampler="tpe"), space())
     for rate in (100.0, 90.0, 80.0, 70.0, 60.0):
         point = search.ask()
         check = search.pruner_for(point)
@@ -98,7 +103,9 @@ def test_the_pruner_stops_a_point_below_the_median_of_the_finished_ones():
 
 
 def test_two_objectives_have_no_pruner():
-    search = make_strategy("optuna", space(), Budget(points=10), objectives=["throughput_rps", "latency_p99_ms"])
+    search = make_strategy(
+        SearchSettings(strategy="optuna", budget=Budget(points=10)), space(), objectives=["throughput_rps", "latency_p99_ms"]
+    )
     assert search.pruner_for(search.ask()) is None
 
 
@@ -128,7 +135,10 @@ def test_collect_writes_one_result_folder_from_the_study(tmp_path):
     suite = load_suite(path, catalog)
     points = planning.expand(suite, catalog)
     storage = study.open_storage(str(tmp_path / "study.log"), None)
-    searches = [make_strategy("optuna", points, suite.search.budget, seed=s, storage=storage, study_name="tiny") for s in (0, 1)]
+    searches = [
+        make_strategy(SearchSettings(strategy="optuna", budget=suite.search.budget, seed=s), points, storage=storage, study_name="tiny")
+        for s in (0, 1)
+    ]
     study.save_suite(searches[0].study, path)
     for who, search in enumerate(searches):
         while (point := search.ask()) is not None:

@@ -236,19 +236,7 @@ def strategy_for(suite: Suite, catalog: Catalog, points: list[planning.Point], s
     """The suite's search strategy; `storage`: the Optuna storage an optuna search keeps its study in."""
     search = suite.search
     constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    return make_strategy(
-        search.strategy,
-        points,
-        search.budget,
-        members_of(suite, catalog),
-        search.seed,
-        suite.objectives,
-        constraints,
-        search.sampler,
-        storage,
-        suite.name,
-        search.batch,
-    )
+    return make_strategy(search, points, members_of(suite, catalog), suite.objectives, constraints, storage, suite.name)
 
 
 def search_budget(suite: Suite, catalog: Catalog, points: list[planning.Point]) -> tuple[int, str]:

@@ -22,6 +22,7 @@ from segserve.bench.search.grid import GridSearch
 from segserve.bench.search.interface import Strategy, budget_points
 from segserve.bench.search.random_search import RandomSearch
 from segserve.bench.suite.plan import Point
+from segserve.bench.suite.spec import SearchSettings
 from segserve.errors import UsageError
 
 STRATEGIES = ("grid", "random", "optuna", "auto")
@@ -35,20 +36,18 @@ def candidates(points: list[Point], members: dict[str, dict[str, str]]) -> list[
 
 
 def make_strategy(
-    name: str,
+    settings: SearchSettings,
     points: list[Point],
-    budget=None,
     members: dict[str, dict[str, str]] | None = None,
-    seed: int = 0,
     objectives: list[str] = ("throughput_rps",),
     constraints: dict | None = None,
-    sampler: str = "tpe",
     storage=None,
     study_name: str | None = None,
-    batch: int = 1,
 ) -> Strategy:
-    """A strategy by name over a suite's points (in the grid's order) with its budget (the suite's
-    `search.budget`: of the candidates); grid without a budget measures every point, members too."""
+    """The suite's `search:` (strategy, budget of the candidates, seed, sampler, batch) over its points in the
+    grid's order; grid without a budget measures every point, members too. `storage`, `study_name`: where an
+    optuna search keeps its study."""
+    name, budget, seed = settings.strategy, settings.budget, settings.seed
     members = members or {}
     space = candidates(points, members)
     limit = budget_points(budget, len(space))
@@ -60,7 +59,7 @@ def make_strategy(
     if name == "optuna":
         from segserve.bench.search.optuna_search import OptunaSearch
 
-        return OptunaSearch(space, limit, minutes, seed, objectives, constraints, sampler, storage, study_name, batch)
+        return OptunaSearch(space, limit, minutes, seed, objectives, constraints, settings.sampler, storage, study_name, settings.batch)
     if name == "auto":
         from segserve.bench.search.auto import AutoSearch
 
