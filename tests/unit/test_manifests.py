@@ -19,7 +19,7 @@ import yaml
 
 from segserve.archives.foreign import ForeignArchive
 from segserve.bench.results import manifests
-from segserve.bench.results.sinks import Best
+from segserve.bench.run.targets.best import Best
 from tests.conftest import ROOT
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -15,12 +15,13 @@ from pathlib import Path
 from segserve.archives.catalog import Catalog
 from segserve.archives.remote import masked_text
 from segserve.bench.results.analysis import Pipeline, analyse
-from segserve.bench.results.sinks import Best, Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
+from segserve.bench.results.sinks import Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs
 from segserve.bench.run.command import v2_binary_body
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.inputs import Body, class_maps, request_bodies
 from segserve.bench.run.runner import Runner, bare_throughputs
+from segserve.bench.run.targets.best import Best
 from segserve.bench.search import budget_points, candidates, make_strategy, study
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.params import node_param, workers_param

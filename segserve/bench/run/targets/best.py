@@ -1,0 +1,142 @@
+"""best/: the best point of a suite, ready to serve again. Every target of ours writes best/config.properties and
+best/machine.json; then its kind adds what registers it so: a catalog workflow or fused target its DAG's spec with
+the point's values (best/<dag>.yaml); a user's archive its register.sh, a .war's spec, the k8s and KServe
+manifests (results/manifests.py) and, for a .war, the workflow fused into one .mar (best/fused/). An http or
+command target writes nothing: it is not ours to deploy."""
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from segserve.archives import registration
+from segserve.archives.catalog import Catalog
+from segserve.archives.registration import REGISTRATIONS, workflow_entry
+from segserve.bench.results.manifests import served_foreign, served_fused, write_manifests
+from segserve.bench.results.sinks import FinishedRun, Sink
+from segserve.errors import RuntimeFailure, UsageError
+from segserve.machine.identity import label
+from segserve.serving.ts_config import render_config
+
+
+def registration_of(chosen: dict, prefix: str = "") -> dict:
+    """The registration values of a record ({name: value}), DAG-wide or of one node (prefix `<node>_`)."""
+    return {name: chosen[prefix + name] for name in REGISTRATIONS if chosen.get(prefix + name) is not None}
+
+
+class Best(Sink):
+    """best/ from the best workflow or fused point (else any target's of ours), by its kind (the module's doc)."""
+
+    def __init__(self, catalog: Catalog, log=print, fuse=None):
+        # fuse(war, model_store, out, log) → the fused .mar (segserve/fuse/, given by the command: a layer above this)
+        self.catalog, self.log, self.fuse = catalog, log, fuse
+
+    def finish(self, run: FinishedRun) -> None:
+        winners = run.analysis.winners
+        # a workflow's best first, then a fused twin's, then a model's; an http or command target's never (not ours)
+        ours = sorted((name for name in winners if name in self.catalog.targets), key=lambda name: self.catalog.targets[name].best_rank)
+        chosen = next((winners[name] for name in ours if winners[name]), None)
+        if chosen is None:
+            return
+        best_dir = run.out_dir / "best"
+        best_dir.mkdir(exist_ok=True)
+        on = self.server_config(best_dir, chosen, run.environment)
+        target = self.catalog.targets[chosen["target"]]
+        foreign = self.catalog.foreign.get(target.name)
+        if foreign is not None:
+            ArchiveFiles(target, foreign, chosen, on, self.log).write(best_dir, run.suite.core_plan, self.fuse)
+        elif target.dag is not None:
+            dag_spec(best_dir, chosen, self.catalog.dags[target.dag], on)
+
+    def server_config(self, best_dir: Path, chosen: dict, environment: dict) -> str:
+        """best/config.properties (the point's netty threads, what to start TorchServe with) and best/machine.json;
+        returns the line that says which machine the point is best on (every file of best/ carries it)."""
+        overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
+        render_config(self.catalog.config_template, best_dir / "config.properties", overrides)
+        # best for the machine it was measured on: int8 that wins with VNNI loses without it
+        machine = chosen.get("environment") or environment
+        on = f"# Best on: {label(machine)}; on another machine, measure again (best/machine.json)."
+        (best_dir / "machine.json").write_text(json.dumps({"label": label(machine), **machine}, indent=2) + "\n")
+        note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s).\n{on}"
+        if chosen.get("omp_num_threads"):
+            note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
+        text = (best_dir / "config.properties").read_text()
+        (best_dir / "config.properties").write_text(note + "\n" + text)
+        return on
+
+
+def dag_spec(best_dir: Path, chosen: dict, dag, on: str) -> None:
+    """A catalog workflow's or fused twin's point: its DAG's spec with the point's values (best/<dag>.yaml), DAG-wide
+    then each node's own (a node's param is <node>_<param>), as the point's .war had them."""
+    spec = yaml.safe_load(dag.spec_path.read_text())
+    spec["models"].update(workflow_entry(registration_of(chosen)))
+    for node in dag.nodes:
+        workers = chosen.get(f"{node}_workers") or chosen["workers"]
+        spec["models"][node].update(workflow_entry(registration_of(chosen, f"{node}_"), workers))
+    header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
+    (best_dir / f"{dag.name}.yaml").write_text(header + yaml.safe_dump(spec, sort_keys=False))
+
+
+class ArchiveFiles:
+    """A user's .mar or .war at its best point: register.sh, a .war's spec, the manifests, a .war fused."""
+
+    def __init__(self, target, foreign, chosen: dict, on: str, log=print):
+        self.target, self.foreign, self.chosen, self.on, self.log = target, foreign, chosen, on, log
+        self.header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
+
+    def write(self, best_dir: Path, core_plan, fuse) -> None:
+        self.register_script(best_dir)
+        served = served_foreign(self.target, self.foreign, self.chosen)
+        for refused in write_manifests(best_dir, self.chosen, served, self.on, core_plan):
+            self.log(refused)  # the rest of best/ stays
+        if self.foreign.is_workflow and fuse is not None:
+            self.fused(best_dir, core_plan, fuse)
+
+    def value(self, node: str, param: str):
+        return self.chosen.get(f"{node}_{param}", self.chosen.get(param))
+
+    def register_script(self, best_dir: Path) -> None:
+        """The management API calls that register it so (best/register.sh), and for a .war its spec with each node's
+        values written in (best/<name>.yaml, to archive again)."""
+        name, chosen = self.target.name, self.chosen
+        management = "${TS_MANAGEMENT:-http://127.0.0.1:8081}"
+        if not self.foreign.is_workflow:
+            query = f"url={self.foreign.path.name}&model_name={name}&initial_workers={chosen['workers']}&synchronous=true"
+            query += registration.query(registration_of(chosen))
+            calls = [f'curl -fsS -X POST "{management}/models?{query}"']
+            calls.append(f'curl -fsS -X PUT "{management}/models/{name}?{registration.scale_query(chosen["workers"])}"')
+        else:
+            nodes = {}
+            for node in self.foreign.nodes:
+                values = {param: self.value(node, param) for param in REGISTRATIONS}
+                nodes[node] = workflow_entry(values, self.value(node, "workers"))
+            (best_dir / f"{name}.yaml").write_text(self.header + yaml.safe_dump(self.foreign.spec_with(nodes), sort_keys=False))
+            calls = [
+                f"# archive best/{name}.yaml with your handler into {name}.war (torch-workflow-archiver --spec-file), then:",
+                f'curl -fsS -X POST "{management}/workflows?url={name}.war&workflow_name={name}"',
+            ]
+        script = "#!/bin/sh\n" + self.header + "# TS_MANAGEMENT: the management API (default http://127.0.0.1:8081)\nset -e\n"
+        (best_dir / "register.sh").write_text(script + "\n".join(calls) + "\n")
+
+    def fused(self, best_dir: Path, core_plan, fuse) -> None:
+        """The .war's best point as one .mar that KServe can serve (`segserve fuse`), with its k8s and KServe
+        manifests, in best/fused/; or best/fused.txt saying why its workflow cannot be fused."""
+        fused_dir, war = best_dir / "fused", self.target.name
+        name = f"fused_{war}"  # segserve fuse's own name for it (docs/fuse.md)
+        try:
+            fused_dir.mkdir(exist_ok=True)
+            mar = fuse(self.foreign.path, self.foreign.model_store, fused_dir / f"{name}.mar", log=lambda _: None)
+        except (UsageError, RuntimeFailure) as why:  # a node it cannot fuse, or the archiver failing on it
+            shutil.rmtree(fused_dir, ignore_errors=True)
+            (best_dir / "fused.txt").write_text(f"{war}.war cannot be fused into one .mar, so KServe cannot serve it: {why}\n")
+            self.log(f"best/: no fused .mar of {war}.war: {why}")
+            return
+        shutil.copy(best_dir / "config.properties", fused_dir / "config.properties")
+        notes = (
+            f"{mar.name}: `segserve fuse {war}.war` (every node in one worker); the workflow was measured, not it:",
+            f"measure it with an archive target {{name: {name}, archive: best/fused/{mar.name}}} before relying on its rate",
+        )
+        served = served_fused(name, mar, self.chosen, self.target.nodes[0].name)
+        for refused in write_manifests(fused_dir, self.chosen, served, self.on, core_plan, notes=notes):
+            self.log(refused)
