@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from segserve.bench.run.profiler import Background, torchserve_load  # noqa: E402
-from segserve.serving.launch import register, served_targets  # noqa: E402
+from segserve.serving.served_pipeline import register, served_targets  # noqa: E402
 from segserve.serving.server import VMARGS_ENV, TorchServe  # noqa: E402
 
 

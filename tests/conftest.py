@@ -10,7 +10,7 @@ from ts.context import Context, RequestProcessor
 from handlers.segnet import SegNet
 from segserve.archives.build import build, ensure_weights
 from segserve.model.worker_context import worker_context
-from segserve.serving.launch import check_archives, register, served_targets
+from segserve.serving.served_pipeline import check_archives, register, served_targets
 from segserve.serving.server import VMARGS_ENV, TorchServe
 
 ROOT = Path(__file__).resolve().parents[1]

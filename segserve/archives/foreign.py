@@ -17,9 +17,9 @@ from pathlib import Path
 
 import yaml
 
+from segserve.archives.archive_urls import cache_folder, fetch, folder_of, is_remote, joined, local_path
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
 from segserve.archives.registration import WORKFLOW_MODEL_KEYS
-from segserve.archives.remote import cache_folder, fetch, folder_of, is_remote, joined, local_path
 from segserve.errors import RuntimeFailure, UsageError
 
 FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it

@@ -5,7 +5,7 @@ from pathlib import Path
 from segserve.archives.catalog import unknown
 from segserve.cli.common import running_server
 from segserve.errors import RuntimeFailure, UsageError
-from segserve.serving.launch import DEFAULT_DAG, catalog
+from segserve.serving.served_pipeline import DEFAULT_DAG, catalog
 
 
 def add_parser(sub, common) -> None:
@@ -84,7 +84,7 @@ def foreign_workflow(args, budget: int):
     if args.war:
         if not args.war.endswith(".war"):
             raise UsageError(f"--war {args.war}: give a workflow archive (.war); a .mar has one model, nothing to move between")
-        from segserve.archives.remote import is_remote
+        from segserve.archives.archive_urls import is_remote
 
         if not is_remote(args.war) and not Path(args.war).is_file():
             raise UsageError(f"--war {args.war}: no such file")

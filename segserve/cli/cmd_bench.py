@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from segserve.errors import UsageError
-from segserve.serving.launch import catalog
+from segserve.serving.served_pipeline import catalog
 
 ACTIONS = ("run", "compare", "ab", "replay", "collect", "schema")
 

@@ -34,7 +34,7 @@ def run(args) -> int:
         num_classes=args.num_classes,
     )
     if args.upload:
-        from segserve.archives.s3_store import upload
+        from segserve.archives.model_store_s3 import upload
 
         upload(Path(args.model_store), args.upload, args.endpoint_url)
     return 0

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from segserve.cli.common import running_server
 from segserve.errors import UsageError
-from segserve.serving.launch import DEFAULT_DAG, catalog
+from segserve.serving.served_pipeline import DEFAULT_DAG, catalog
 
 
 def add_parser(sub, common) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from segserve.cli.common import image_files, server_from
 from segserve.errors import RuntimeFailure
-from segserve.serving.launch import DEFAULT_DAG, catalog
+from segserve.serving.served_pipeline import DEFAULT_DAG, catalog
 
 
 def add_parser(sub, common) -> None:

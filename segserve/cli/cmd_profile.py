@@ -4,7 +4,7 @@ from pathlib import Path
 
 from segserve.cli.common import image_files, running_server
 from segserve.errors import UsageError
-from segserve.serving.launch import catalog
+from segserve.serving.served_pipeline import catalog
 
 
 def add_parser(sub, common) -> None:

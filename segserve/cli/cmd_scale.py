@@ -3,7 +3,7 @@
 from segserve.archives.catalog import unknown
 from segserve.cli.common import server_from
 from segserve.errors import UsageError
-from segserve.serving.launch import catalog
+from segserve.serving.served_pipeline import catalog
 
 
 def add_parser(sub, common) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from segserve.cli.common import server_from
 from segserve.errors import UsageError
-from segserve.serving.launch import DEFAULT_DAG, served_targets, start_pipeline
+from segserve.serving.served_pipeline import DEFAULT_DAG, served_targets, start_pipeline
 
 
 def add_parser(sub, common) -> None:
@@ -30,7 +30,7 @@ def run(args) -> int:
         return 0
     targets = served_targets(args.targets)
     if args.model_store.startswith("s3://"):  # archives from S3 into the run dir's model store, then as usual
-        from segserve.archives.s3_store import fetch
+        from segserve.archives.model_store_s3 import fetch
 
         server.model_store = fetch(args.model_store, Path(args.run_dir).resolve() / "model_store", args.endpoint_url)
     # one loop per server: the first workflow served, else the first fused pipeline

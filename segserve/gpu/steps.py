@@ -30,7 +30,7 @@ GOALS = {"workflow": 0.9, "fused": 0.95}  # a pipeline's throughput ÷ its slowe
 def pipelines() -> tuple[list[str], dict[str, float]]:
     """The default DAG's members, and its workflow and fused twin with their goals: from the catalog."""
     from segserve.archives.catalog import FUSED_SUFFIX, Catalog
-    from segserve.serving.launch import DEFAULT_DAG
+    from segserve.serving.served_pipeline import DEFAULT_DAG
 
     workflow = Catalog(ROOT).target(DEFAULT_DAG, "workflow")
     return list(workflow.members), {workflow.name: GOALS["workflow"], workflow.name + FUSED_SUFFIX: GOALS["fused"]}
@@ -44,7 +44,7 @@ def serve(out_json: Path) -> int:
     from segserve.archives.catalog import Catalog
     from segserve.gpu import hostile
     from segserve.serving.client import predict
-    from segserve.serving.launch import served_targets, start_pipeline
+    from segserve.serving.served_pipeline import served_targets, start_pipeline
     from segserve.serving.server import TorchServe
 
     images = sorted((ROOT / "samples").glob("*.jpg"))

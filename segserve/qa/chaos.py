@@ -39,7 +39,7 @@ from handlers import classmap
 from segserve import ROOT
 from segserve.bench.run.load import CONNECTION_ERROR, TIMEOUT, LoadResult, LoadSpec, run_load
 from segserve.model.synthetic import make_sample
-from segserve.serving.launch import served_targets
+from segserve.serving.served_pipeline import served_targets
 from segserve.serving.server import TorchServe
 from segserve.serving.ts_config import free_port_base
 

@@ -60,7 +60,7 @@ def measure(server: TorchServe, path: str, small: list[bytes], large: bytes | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from segserve.serving.launch import served_targets, start_pipeline
+    from segserve.serving.served_pipeline import served_targets, start_pipeline
 
     parser = argparse.ArgumentParser(prog="python -m segserve.qa.mix", description=__doc__.splitlines()[0])
     parser.add_argument("--model-store", default="model_store")

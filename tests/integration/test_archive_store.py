@@ -3,7 +3,7 @@ s3://…` downloads into the run dir's store, verified, again only when an archi
 
 import boto3
 
-from segserve.archives.s3_store import fetch, upload
+from segserve.archives.model_store_s3 import fetch, upload
 from segserve.cli import main
 from segserve.serving.http import Connection
 from segserve.serving.ts_config import free_port_base

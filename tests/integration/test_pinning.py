@@ -11,7 +11,7 @@ import pytest
 
 from segserve.serving.cores import live_affinity
 from segserve.serving.http import request
-from segserve.serving.launch import served_targets, start_pipeline
+from segserve.serving.served_pipeline import served_targets, start_pipeline
 from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
 from tests.unit.test_pinning import PLAN, workers_dir  # noqa: F401 (fixtures among them)

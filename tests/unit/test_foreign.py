@@ -183,7 +183,7 @@ def test_a_war_is_registered_from_a_copy_with_each_nodes_values_written_into_its
 
 
 def test_urls_are_printed_and_kept_without_their_credentials():
-    from segserve.archives.remote import folder_of, masked, masked_text
+    from segserve.archives.archive_urls import folder_of, masked, masked_text
 
     assert (
         masked("https://user:pw@host:8443/a/b.mar?X-Amz-Signature=s3cr3t&x=1") == "https://***@host:8443/a/b.mar?X-Amz-Signature=***&x=***"

@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
+from segserve.archives.archive_urls import masked_text
 from segserve.archives.catalog import Catalog
-from segserve.archives.remote import masked_text
 from segserve.bench.results.analysis import Pipeline, analyse
 from segserve.bench.results.sinks import Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs

@@ -16,7 +16,7 @@ import time
 import warnings
 from pathlib import Path
 
-from segserve.archives.remote import masked_text
+from segserve.archives.archive_urls import masked_text
 from segserve.errors import UsageError
 
 OPEN_ATTEMPTS = 3  # a database storage is opened this many times before it counts as unreachable
