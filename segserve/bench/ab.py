@@ -17,7 +17,7 @@ from pathlib import Path
 
 from segserve import ROOT
 from segserve.archives.catalog import Catalog
-from segserve.bench.results.compare import overall_change, paired_change, throughput_change
+from segserve.bench.results.compare import Change, overall_change, paired_change, throughput_change
 from segserve.bench.results.render import render_table
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.load import LoadSpec, run_load
@@ -118,97 +118,128 @@ class AbRun:
 
 def run_ab(ab: AbRun, log=print) -> tuple[Path, bool]:
     """Both versions measured in turn over the suite's points; (the result folder, whether B is slower)."""
-    suite, root, refs, weights, results_root = ab.suite, ab.root, ab.refs, ab.weights, ab.results_root
-    rounds, min_effect, b_env, foreign = ab.rounds, ab.min_effect, ab.b_env, ab.foreign
-    config = users_config(Path.cwd(), root)
-    if rounds < 1:
-        raise UsageError(f"--rounds must be ≥ 1 (got {rounds})")
-    if suite.outside_targets:
-        names = ", ".join(suite.outside_targets)
+    config = users_config(Path.cwd(), ab.root)
+    if ab.rounds < 1:
+        raise UsageError(f"--rounds must be ≥ 1 (got {ab.rounds})")
+    if ab.suite.outside_targets:
+        names = ", ".join(ab.suite.outside_targets)
         raise UsageError(f"bench ab deploys both versions itself: http and command targets ({names}) cannot be compared")
     work = Path(tempfile.mkdtemp(prefix="segserve-ab-"))
     sides, worktrees = {}, []
     try:
-        for name, ref in zip("ab", refs, strict=True):
-            folder, made = checkout(root, ref, work / name, log)
+        for name, ref in zip("ab", ab.refs, strict=True):
+            folder, made = checkout(ab.root, ref, work / name, log)
             worktrees += [folder] if made else []
-            catalog = SideCatalog(folder, foreign or [], config)
-            sides[name] = Deployment(suite, catalog, weights, lambda _: None, env=b_env if name == "b" else None)
-        points = planning.expand(suite, sides["a"].catalog, Setup(suite, sides["a"].catalog, weights).digests())
-        log(f"{len(points)} point(s) × {rounds} round(s) × A and B, interleaved")
-        bodies = Setup(suite, sides["a"].catalog, weights)
-        bodies.capture = sides["a"].answers
-        for point in points:  # before any deploy: a workflow member's capture releases what is registered
-            bodies.bodies_for(point.target)
-        warm_up(sides, points[0], suite, bodies.bodies_for(points[0].target), log)
-        windows: dict[tuple[str, str], list[float]] = {}
-        measured: dict[tuple[str, str], list[float]] = {}  # each round's throughput
-        costs: dict[tuple[str, str], dict[str, list]] = {}  # each round's CPU per request, by process and stage
-        this_round = 0  # round 1 has the workers the warm-up started
-        # the runner's rounds (points reversed every other round), each point's A and B in turn: A B, B A, …
-        for index, point, name in round_schedule(points, rounds, ("a", "b")):
-            if index != this_round:
-                for deployment in sides.values():
-                    deployment.release()  # fresh workers each round: a worker's own luck is one round's noise
-                this_round = index
-            deployment = sides[name]
-            started = time.monotonic()
-            endpoint = deployment.deploy(point)
-            deploy_s = time.monotonic() - started
-            groups = process_groups(deployment.server, endpoint.models)
-            metrics = measure(endpoint, suite.load, point.params, bodies.bodies_for(point.target), groups, deployment.fresh_workers)
-            windows.setdefault((point.run_id, name), []).extend(metrics["measured_window_throughputs_rps"])
-            rps = metrics["throughput_rps"]
-            measured.setdefault((point.run_id, name), []).append(rps)
-            for column in COST_COLUMNS:
-                costs.setdefault((point.run_id, name), {}).setdefault(column, []).append(metrics.get(column))
-            cost = metrics.get("server_cpu_ms_per_request")
-            cost_text = f", server {cost:.2f} CPU-ms a request" if cost is not None else ""
-            log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s{cost_text} (deployed in {deploy_s:.1f} s)")
+            catalog = SideCatalog(folder, ab.foreign or [], config)
+            sides[name] = Deployment(ab.suite, catalog, ab.weights, lambda _: None, env=ab.b_env if name == "b" else None)
+        points, bodies = _points_and_bodies(ab, sides, log)
+        warm_up(sides, points[0], ab.suite, bodies.bodies_for(points[0].target), log)
+        measured = _measure_in_turn(ab, sides, points, bodies, log)
     finally:
         for deployment in sides.values():
             deployment.close()
         for folder in worktrees:
-            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(folder)], capture_output=True)
+            subprocess.run(["git", "-C", str(ab.root), "worktree", "remove", "--force", str(folder)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
     rows, changes = [], []
     for point in points:
-        a, b = windows[(point.run_id, "a")], windows[(point.run_id, "b")]
-        a_rounds, b_rounds = measured[(point.run_id, "a")], measured[(point.run_id, "b")]
-        # paired by round when there are rounds to pair; one round: its windows, as `bench compare` does
-        change = paired_change(a_rounds, b_rounds, min_effect) if rounds > 1 else throughput_change(a, b, min_effect)
+        row, change = _point_row(point, measured, ab)
+        rows.append(row)
         changes.append(change)
-        rows.append(
-            {
-                "run_id": point.run_id,
-                "params": " ".join(f"{k}={v}" for k, v in point.params.items()),
-                "a_rps": sum(a_rounds) / len(a_rounds),
-                "b_rps": sum(b_rounds) / len(b_rounds),
-                "change": change.change,
-                "change_uncertain": change.uncertain() and f"B ÷ A {change.uncertain()}",
-                "change_ci_low": change.low,
-                "change_ci_high": change.high,
-                "verdict": change.verdict,
-                "a_rounds_rps": a_rounds,
-                "b_rounds_rps": b_rounds,
-                "a_windows_rps": a,
-                "b_windows_rps": b,
-                # what a request cost each round (ms): the server's CPU by process, the client's, the handlers' stages
-                "a_rounds_cost_ms": costs.get((point.run_id, "a"), {}),
-                "b_rounds_cost_ms": costs.get((point.run_id, "b"), {}),
-            }
-        )
-    overall = overall_change(changes, min_effect)
+    return _report(ab, rows, changes, log)
+
+
+def _points_and_bodies(ab: AbRun, sides: dict[str, Deployment], log) -> tuple[list, Setup]:
+    """The suite's points (planned on A's catalog) and their request bodies, every one made before any deploy."""
+    catalog = sides["a"].catalog
+    points = planning.expand(ab.suite, catalog, Setup(ab.suite, catalog, ab.weights).digests())
+    log(f"{len(points)} point(s) × {ab.rounds} round(s) × A and B, interleaved")
+    bodies = Setup(ab.suite, catalog, ab.weights)
+    bodies.capture = sides["a"].answers
+    for point in points:  # before any deploy: a workflow member's capture releases what is registered
+        bodies.bodies_for(point.target)
+    return points, bodies
+
+
+@dataclass
+class _Measured:
+    """What each point measured on each side, round after round, by (run_id, "a" or "b")."""
+
+    windows: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # every round's measured windows
+    throughputs: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # each round's throughput
+    costs: dict[tuple[str, str], dict[str, list]] = field(default_factory=dict)  # each round's CPU per request, by process and stage
+
+    def add(self, key: tuple[str, str], metrics: dict) -> None:
+        self.windows.setdefault(key, []).extend(metrics["measured_window_throughputs_rps"])
+        self.throughputs.setdefault(key, []).append(metrics["throughput_rps"])
+        for column in COST_COLUMNS:
+            self.costs.setdefault(key, {}).setdefault(column, []).append(metrics.get(column))
+
+
+def _measure_in_turn(ab: AbRun, sides: dict[str, Deployment], points: list, bodies: Setup, log) -> _Measured:
+    """Every point on A and on B in turn, round after round; what each measured."""
+    measured = _Measured()
+    this_round = 0  # round 1 has the workers the warm-up started
+    # the runner's rounds (points reversed every other round), each point's A and B in turn: A B, B A, …
+    for index, point, name in round_schedule(points, ab.rounds, ("a", "b")):
+        if index != this_round:
+            for deployment in sides.values():
+                deployment.release()  # fresh workers each round: a worker's own luck is one round's noise
+            this_round = index
+        deployment = sides[name]
+        started = time.monotonic()
+        endpoint = deployment.deploy(point)
+        deploy_s = time.monotonic() - started
+        groups = process_groups(deployment.server, endpoint.models)
+        metrics = measure(endpoint, ab.suite.load, point.params, bodies.bodies_for(point.target), groups, deployment.fresh_workers)
+        measured.add((point.run_id, name), metrics)
+        rps = metrics["throughput_rps"]
+        cost = metrics.get("server_cpu_ms_per_request")
+        cost_text = f", server {cost:.2f} CPU-ms a request" if cost is not None else ""
+        log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s{cost_text} (deployed in {deploy_s:.1f} s)")
+    return measured
+
+
+def _point_row(point, measured: _Measured, ab: AbRun) -> tuple[dict, Change]:
+    """A point's row of the summary and its change, B ÷ A."""
+    a, b = measured.windows[(point.run_id, "a")], measured.windows[(point.run_id, "b")]
+    a_rounds, b_rounds = measured.throughputs[(point.run_id, "a")], measured.throughputs[(point.run_id, "b")]
+    # paired by round when there are rounds to pair; one round: its windows, as `bench compare` does
+    change = paired_change(a_rounds, b_rounds, ab.min_effect) if ab.rounds > 1 else throughput_change(a, b, ab.min_effect)
+    row = {
+        "run_id": point.run_id,
+        "params": " ".join(f"{k}={v}" for k, v in point.params.items()),
+        "a_rps": sum(a_rounds) / len(a_rounds),
+        "b_rps": sum(b_rounds) / len(b_rounds),
+        "change": change.change,
+        "change_uncertain": change.uncertain() and f"B ÷ A {change.uncertain()}",
+        "change_ci_low": change.low,
+        "change_ci_high": change.high,
+        "verdict": change.verdict,
+        "a_rounds_rps": a_rounds,
+        "b_rounds_rps": b_rounds,
+        "a_windows_rps": a,
+        "b_windows_rps": b,
+        # what a request cost each round (ms): the server's CPU by process, the client's, the handlers' stages
+        "a_rounds_cost_ms": measured.costs.get((point.run_id, "a"), {}),
+        "b_rounds_cost_ms": measured.costs.get((point.run_id, "b"), {}),
+    }
+    return row, change
+
+
+def _report(ab: AbRun, rows: list[dict], changes: list[Change], log) -> tuple[Path, bool]:
+    """Write ab.json and print the table and the overall change; (the result folder, whether B is slower)."""
+    overall = overall_change(changes, ab.min_effect)
     slower = overall.verdict == "slower"
     here = machine()
-    out_dir = results_root / suite.name / ("ab-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
+    out_dir = ab.results_root / ab.suite.name / ("ab-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ"))
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {
-        "a": refs[0],
-        "b": refs[1],
-        "b_env": b_env,
-        "rounds": rounds,
-        "min_effect": min_effect,
+        "a": ab.refs[0],
+        "b": ab.refs[1],
+        "b_env": ab.b_env,
+        "rounds": ab.rounds,
+        "min_effect": ab.min_effect,
         "machine": {"label": label(here), **here},  # A and B on this one machine, in turn
         "overall": {"change": overall.change, "ci_low": overall.low, "ci_high": overall.high, "verdict": overall.verdict},
         "slower": slower,
@@ -219,5 +250,5 @@ def run_ab(ab: AbRun, log=print) -> tuple[Path, bool]:
     shown = [{**row, "change": None if row["change_uncertain"] else row["change"]} for row in rows]
     log(render_table(shown, ["run_id", "params", "a_rps", "b_rps", "change", "change_ci_low", "change_ci_high", "verdict"]))
     log(f"A and B were measured in turn on one machine: {label(here)}")
-    log(f"overall, B vs A over {len(changes)} point(s): {overall.text()} (min effect {min_effect:.0%}); {out_dir / 'ab.json'}")
+    log(f"overall, B vs A over {len(changes)} point(s): {overall.text()} (min effect {ab.min_effect:.0%}); {out_dir / 'ab.json'}")
     return out_dir, slower

@@ -111,6 +111,25 @@ class TorchServe(ManagementClient):
         return str(launcher.absolute())  # the server starts from its run dir: a relative path would not resolve there
 
     def _start(self, startup_timeout_s: float, log) -> None:
+        self._refuse_a_running_server(log)
+        logs, log_config = self._write_run_config()
+        command = self._command(log_config)
+        log("$ " + " ".join(command))
+        plan = self._load_core_plan()
+        env = self._environment(logs)
+        sizes = _sizes(logs)
+        capture_process = self._launch(command, env, logs)
+        # Whatever ends the wait (a failed start, the timeout, the caller's SIGTERM or Ctrl-C), nothing of this start
+        # outlives it: `with TorchServe(...)` never reaches __exit__ when __enter__ raises, and the server runs in a
+        # session of its own (a GPU bundle step stopped by its timeout while TorchServe started left it running).
+        try:
+            self._wait_until_up(capture_process, sizes, plan, startup_timeout_s, log)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _refuse_a_running_server(self, log) -> None:
+        """Clear the workers a dead frontend left; refuse to start beside a server that still runs from run_dir."""
         running = processes.server_processes(self.run_dir, self._own_ports())
         if running and not {processes.role(p) for p in running} & {"frontend", "launcher"}:
             # Workers outlive a killed frontend (kill -9 of Java leaves them waiting on their sockets): nothing
@@ -124,6 +143,10 @@ class TorchServe(ManagementClient):
                 f"TorchServe already runs from {self.run_dir}{address}: {processes.summary(running)}; "
                 f"stop it first with `segserve serve --stop --run-dir {self.run_dir}`"
             )
+
+    def _write_run_config(self) -> tuple[Path, Path]:
+        """config.properties (its ports checked free) and log4j2.xml in run_dir, with tmp/ and logs/ beside them;
+        (the logs folder, the log4j2.xml)."""
         if self.log_files_kept < 1 or self.log_file_max_bytes < 1:
             raise UsageError(f"log_files_kept and log_file_max_bytes must be ≥ 1 (got {self.log_files_kept}, {self.log_file_max_bytes})")
         (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
@@ -138,8 +161,11 @@ class TorchServe(ManagementClient):
         self.key_file.unlink(missing_ok=True)  # a stale key file would pass the health check below
         log_config = self.run_dir / "log4j2.xml"
         log_config.write_text(processes.log4j2_xml(logs.resolve(), self.log_file_max_bytes, self.log_files_kept))
+        return logs, log_config
+
+    def _command(self, log_config: Path) -> list[str]:
         store = str(self.model_store.resolve())
-        command = [
+        return [
             self.torchserve(),
             "--start",
             "--foreground",
@@ -153,14 +179,19 @@ class TorchServe(ManagementClient):
             "--log-config",
             str(log_config),
         ]
-        log("$ " + " ".join(command))
-        plan = None
-        if self.core_plan is not None:
-            from segserve.serving.cores import load_plan, write_plan_json
 
-            plan = load_plan(self.core_plan)
-            self.env = {**self.env, "SEGSERVE_CORE_PLAN": str(write_plan_json(plan, self.run_dir))}
-        env = {
+    def _load_core_plan(self):
+        """The core plan (a cores.CorePlan), if any, written where the workers read it (their environment names the file)."""
+        if self.core_plan is None:
+            return None
+        from segserve.serving.cores import load_plan, write_plan_json
+
+        plan = load_plan(self.core_plan)
+        self.env = {**self.env, "SEGSERVE_CORE_PLAN": str(write_plan_json(plan, self.run_dir))}
+        return plan
+
+    def _environment(self, logs: Path) -> dict[str, str]:
+        return {
             **SERVER_ENV,
             **os.environ,
             **self.env,
@@ -169,7 +200,9 @@ class TorchServe(ManagementClient):
             "METRICS_LOCATION": str(logs),
             processes.MARKER: str(self.run_dir.resolve()),  # inherited by Java and every worker: how stop() finds them
         }
-        sizes = _sizes(logs)
+
+    def _launch(self, command: list[str], env: dict[str, str], logs: Path) -> subprocess.Popen:
+        """Start `command` under the output capture process; its pid goes to run_dir/server.pid."""
         # The capture process leads a new session and process group; the launcher, Java and the workers join it.
         capture = [sys.executable, "-m", "segserve.serving.processes", "capture", str(logs / "torchserve.out")]
         # The capture process's own errors (it cannot start, say) are the only trace of a start that never logged.
@@ -184,34 +217,32 @@ class TorchServe(ManagementClient):
                 start_new_session=True,
             )
         self.pid_path.write_text(str(capture_process.pid))  # for people and scripts; segserve finds the server by its processes
-        # Whatever ends the wait (a failed start, the timeout, the caller's SIGTERM or Ctrl-C), nothing of this start
-        # outlives it: `with TorchServe(...)` never reaches __exit__ when __enter__ raises, and the server runs in a
-        # session of its own (a GPU bundle step stopped by its timeout while TorchServe started left it running).
-        try:
-            deadline = time.monotonic() + startup_timeout_s
-            while time.monotonic() < deadline:
-                if capture_process.poll() is not None:
-                    raise self._startup_failure(capture_process.returncode, sizes)
-                try:
-                    # /ping needs the inference key too, which exists once the frontend is up.
-                    if (
-                        self.key_file.exists()
-                        and request(self.url("inference"), "GET", "/ping", self.token("inference"), timeout_s=2).status == 200
-                    ):
-                        if plan is not None:  # the frontend first: workers start from its affinity
-                            from segserve.serving.cores import pin_process
+        return capture_process
 
-                            for pid in self.process_ids():
-                                pin_process(pid, plan.frontend)
-                        log(f"TorchServe is up: inference {self.url('inference')}, management {self.url('management')}")
-                        return
-                except (OSError, RuntimeFailure, KeyError):
-                    pass
-                time.sleep(0.5)
-            raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail(20)}")
-        except BaseException:
-            self.stop()
-            raise
+    def _wait_until_up(self, capture_process: subprocess.Popen, sizes: dict[Path, int], plan, startup_timeout_s: float, log) -> None:
+        """Poll /ping until it answers (then pin the frontend to the plan's cores); raise if the server exits first or
+        the timeout passes."""
+        deadline = time.monotonic() + startup_timeout_s
+        while time.monotonic() < deadline:
+            if capture_process.poll() is not None:
+                raise self._startup_failure(capture_process.returncode, sizes)
+            try:
+                # /ping needs the inference key too, which exists once the frontend is up.
+                if (
+                    self.key_file.exists()
+                    and request(self.url("inference"), "GET", "/ping", self.token("inference"), timeout_s=2).status == 200
+                ):
+                    if plan is not None:  # the frontend first: workers start from its affinity
+                        from segserve.serving.cores import pin_process
+
+                        for pid in self.process_ids():
+                            pin_process(pid, plan.frontend)
+                    log(f"TorchServe is up: inference {self.url('inference')}, management {self.url('management')}")
+                    return
+            except (OSError, RuntimeFailure, KeyError):
+                pass
+            time.sleep(0.5)
+        raise RuntimeFailure(f"TorchServe did not become healthy in {startup_timeout_s:.0f}s:\n{self.log_tail(20)}")
 
     def grpc_inference_url(self) -> str | None:
         """grpc://host:port of its gRPC inference API (None where enable_grpc=false)."""

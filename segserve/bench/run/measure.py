@@ -15,7 +15,7 @@ from pathlib import Path
 
 from segserve import ROOT
 from segserve.bench.results.stats import latency_summary, mean_interval, spread, stable_tail
-from segserve.bench.run.load import LoadSpec
+from segserve.bench.run.load import LoadResult, LoadSpec
 from segserve.bench.run.load_processes import live_pids, run_load_processes
 from segserve.bench.suite.spec import LoadSettings
 from segserve.errors import RuntimeFailure
@@ -61,32 +61,8 @@ def measure(
     # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
     server_pids = [pid for pids in process_groups.values() for pid in pids] if process_groups else []
     disturbance = DisturbanceSampler(server_pids, own_pids=live_pids) if process_groups else None
-
-    def edges(result) -> list[tuple[float, float]]:
-        done = int((max(result.end_s, default=0.0) - warmup_s) // window_s)
-        return [(warmup_s + k * window_s, warmup_s + (k + 1) * window_s) for k in range(max(done, 0))]
-
-    def others_share(span: tuple[float, float]) -> float | None:
-        return disturbance.share(*span)[0] if disturbance else None
-
-    def clean(result) -> list[tuple[float, float]]:
-        """The windows others left alone (unknown: counted as clean)."""
-        return [span for span in edges(result) if (others_share(span) or 0.0) <= load.max_others_share]
-
-    def rates(result, spans) -> list[float]:
-        return [result.rate_rps(a, b) for a, b in spans]
-
-    pruned = False
-
-    def settled(result) -> bool:
-        nonlocal pruned
-        spans = clean(result)
-        so_far = rates(result, spans)
-        if prune is not None and so_far and prune(so_far):
-            pruned = True
-            return True
-        return stable_tail(so_far, load.stable_windows, load.stability_tolerance) or len(spans) >= load.max_windows
-
+    windows = _Windows(window_s, warmup_s, load.max_others_share, disturbance)
+    settled = _Settled(windows, load, prune)
     before = scrape(endpoint.metrics_url) if ours else {}
     # every half window: the server's CPU over the measured windows, as the disturbance sampler's shares
     sampler = ProcessSampler(process_groups, interval_s=window_s / 4) if process_groups else None
@@ -104,33 +80,108 @@ def measure(
         gpu.stop()
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
-    all_spans, clean_spans = edges(result), clean(result)
-    clean_rates = rates(result, clean_spans)
-    stable = stable_tail(clean_rates, load.stable_windows, load.stability_tolerance)
+    chosen = _choose_windows(result, windows, load, settled.pruned)
+    measured = result.windows(chosen.used)
+    used_rates = _rates(result, chosen.used)  # the windows the numbers come from
+    return {
+        **_windowed_throughput_columns(measured, used_rates),
+        **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
+        **_client_columns(result, load.client_processes),
+        **_window_columns(result, windows, chosen, used_rates, settled.pruned),
+        "warmup_s": warmup_s,
+        **server_usage,
+        # the server's CPU per request over the windows the numbers come from (the sampler's clock starts with the
+        # load's, as the disturbance sampler's), and over the whole run, warm-up and a fresh JVM's compiles included
+        **cpu_ms_per_request(sampler.between(chosen.used) if sampler else {}, len(measured.status)),
+        **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(result.status), "_whole_run"),
+        **gpu.columns(chosen.used),
+    }
+
+
+@dataclass(frozen=True)
+class _Windows:
+    """The windows of a load run after its warm-up, window_s each, and which of them others left alone."""
+
+    window_s: float
+    warmup_s: float
+    max_others_share: float
+    disturbance: DisturbanceSampler | None  # None: others' use unknown
+
+    def edges(self, result: LoadResult) -> list[tuple[float, float]]:
+        done = int((max(result.end_s, default=0.0) - self.warmup_s) // self.window_s)
+        return [(self.warmup_s + k * self.window_s, self.warmup_s + (k + 1) * self.window_s) for k in range(max(done, 0))]
+
+    def others_share(self, span: tuple[float, float]) -> float | None:
+        return self.disturbance.share(*span)[0] if self.disturbance else None
+
+    def clean(self, result: LoadResult) -> list[tuple[float, float]]:
+        """The windows others left alone (unknown: counted as clean)."""
+        return [span for span in self.edges(result) if (self.others_share(span) or 0.0) <= self.max_others_share]
+
+
+def _rates(result: LoadResult, spans: list[tuple[float, float]]) -> list[float]:
+    return [result.rate_rps(a, b) for a, b in spans]
+
+
+class _Settled:
+    """When the load may stop (run_load_processes' `settled`): the clean windows' rates are stable, the window budget
+    is spent, or the pruner gave up on the point (then `pruned`)."""
+
+    def __init__(self, windows: _Windows, load: LoadSettings, prune):
+        self.windows, self.load, self.prune = windows, load, prune
+        self.pruned = False
+
+    def __call__(self, result: LoadResult) -> bool:
+        spans = self.windows.clean(result)
+        so_far = _rates(result, spans)
+        if self.prune is not None and so_far and self.prune(so_far):
+            self.pruned = True
+            return True
+        return stable_tail(so_far, self.load.stable_windows, self.load.stability_tolerance) or len(spans) >= self.load.max_windows
+
+
+@dataclass(frozen=True)
+class _ChosenWindows:
+    """Which windows of a load run the numbers come from (`used`), and why."""
+
+    all_spans: list[tuple[float, float]]
+    clean_spans: list[tuple[float, float]]
+    stable: bool
+    disturbed: bool
+    used: list[tuple[float, float]]
+
+
+def _choose_windows(result: LoadResult, windows: _Windows, load: LoadSettings, pruned: bool) -> _ChosenWindows:
+    all_spans, clean_spans = windows.edges(result), windows.clean(result)
+    stable = stable_tail(_rates(result, clean_spans), load.stable_windows, load.stability_tolerance)
     disturbed = len(clean_spans) < load.stable_windows and not pruned  # a pruned point stopped early on purpose
     used = clean_spans[-load.stable_windows :] if stable else (all_spans if disturbed else clean_spans)
-    measured = result.windows(used)
-    ok_latencies = [lat for lat, ok in zip(measured.latency_ms, measured.ok, strict=True) if ok]
-    requests_ok = len(ok_latencies)
-    shares = [others_share(span) for span in all_spans]
-    steal = [disturbance.share(*span)[1] for span in all_spans] if disturbance else []
-    window_rates = rates(result, all_spans)
-    used_rates = rates(result, used)  # the windows the numbers come from
+    return _ChosenWindows(all_spans, clean_spans, stable, disturbed, used)
+
+
+def _windowed_throughput_columns(measured: LoadResult, used_rates: list[float]) -> dict:
+    """Requests, throughput and latency over the windows the numbers come from."""
+    ok_latencies = _ok_latencies(measured)
     interval = mean_interval(used_rates)
     return {
-        "duration_s": measured.wall_s,
-        "requests_ok": requests_ok,
-        "requests_failed": len(measured.status) - requests_ok,
-        "failures_by_status": {k: v for k, v in measured.status_counts().items() if not k.startswith("2")},
+        **_request_columns(measured, ok_latencies),
         # the mean of the windows' rates (edges on completions: see LoadResult.rate_rps), as its interval is
         "throughput_rps": sum(used_rates) / len(used_rates) if used_rates else 0.0,
         # 95% interval of the mean over the measured windows
         "throughput_ci_low_rps": interval[0] if interval else None,
         "throughput_ci_high_rps": interval[1] if interval else None,
         **latency_summary(ok_latencies),
-        **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
-        **_client_columns(result, load.client_processes),
-        "stable": stable,
+    }
+
+
+def _window_columns(result: LoadResult, windows: _Windows, chosen: _ChosenWindows, used_rates: list[float], pruned: bool) -> dict:
+    """Every window's rate, which were used, and how much others disturbed them."""
+    all_spans, disturbance = chosen.all_spans, windows.disturbance
+    shares = [windows.others_share(span) for span in all_spans]
+    steal = [disturbance.share(*span)[1] for span in all_spans] if disturbance else []
+    window_rates = _rates(result, all_spans)
+    return {
+        "stable": chosen.stable,
         "pruned": pruned,
         "windows": len(window_rates),
         "window_throughputs_rps": window_rates,
@@ -138,17 +189,12 @@ def measure(
         "measured_window_throughputs_rps": used_rates,
         # others' share of the machine per window (% of all cores), and what was done about it
         "window_others_cpu_pct": [None if v is None else round(100 * v, 1) for v in shares],
-        "others_cpu_pct": max((100 * v for v, span in zip(shares, all_spans, strict=True) if v is not None and span in used), default=None),
+        "others_cpu_pct": max(
+            (100 * v for v, span in zip(shares, all_spans, strict=True) if v is not None and span in chosen.used), default=None
+        ),
         "steal_pct": max((100 * v for v in steal if v is not None), default=None),
-        "windows_discarded": len(all_spans) - len(clean_spans),
-        "disturbed": disturbed if disturbance else None,
-        "warmup_s": warmup_s,
-        **server_usage,
-        # the server's CPU per request over the windows the numbers come from (the sampler's clock starts with the
-        # load's, as the disturbance sampler's), and over the whole run, warm-up and a fresh JVM's compiles included
-        **cpu_ms_per_request(sampler.between(used) if sampler else {}, len(measured.status)),
-        **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(result.status), "_whole_run"),
-        **gpu.columns(used),
+        "windows_discarded": len(all_spans) - len(chosen.clean_spans),
+        "disturbed": chosen.disturbed if disturbance else None,
     }
 
 
@@ -163,14 +209,9 @@ def measure_phases(
     """The metrics of one point under a time-varying load (load.phases, one after the other): per phase and over
     the whole run, every request of a phase counted (a phase is measured as it comes, with whatever the server
     does in it: no stability windows). Each phase's `started_epoch_s` lets a reaction be timed against it."""
-    from segserve.bench.run.load import LoadResult
 
     def spec(phase) -> LoadSpec:
-        rate = phase.request_rate_rps if phase.concurrency is None else None
-        if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
-            rate = params.get("request_rate_rps")
-        concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
-        return _load_spec(endpoint, load, bodies_by_phase[phase.name], concurrency, rate, params.get("protocol"))
+        return _phase_spec(endpoint, load, params, bodies_by_phase[phase.name], phase)
 
     ours = endpoint.metrics_url is not None
     warmup_s = load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
@@ -181,44 +222,14 @@ def measure_phases(
     if sampler:
         sampler.start()
     gpu = GpuUsageSampler().start()  # over every phase, as the server's CPU
-    phases, everything = [], LoadResult()
     try:
-        for phase in load.phases:
-            started_epoch_s = time.time()
-            result = run_load_processes(spec(phase), phase.duration_s, load.client_processes)
-            ok = [lat for lat, good in zip(result.latency_ms, result.ok, strict=True) if good]
-            windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
-            phases.append(
-                {
-                    "phase": phase.name,
-                    "started_epoch_s": started_epoch_s,
-                    "duration_s": result.wall_s,
-                    "requests_ok": len(ok),
-                    "requests_failed": len(result.status) - len(ok),
-                    "failures_by_status": {k: v for k, v in result.status_counts().items() if not k.startswith("2")},
-                    "throughput_rps": len(ok) / result.wall_s if result.wall_s else 0.0,
-                    **latency_summary(ok),
-                    # completions per load.window_s through the phase: how the rate moved in it (a move shows here)
-                    "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
-                }
-            )
-            everything.latency_ms += result.latency_ms
-            everything.status += result.status
-            everything.wall_s += result.wall_s
-            everything.client_cpu_s += result.client_cpu_s
+        phases, everything = _run_phases(load, spec)
     finally:  # its thread ends with the load, also when it fails
         gpu_usage = gpu.stop()
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
-    ok_latencies = [lat for lat, good in zip(everything.latency_ms, everything.ok, strict=True) if good]
-    requests_ok = len(ok_latencies)
     return {
-        "duration_s": everything.wall_s,
-        "requests_ok": requests_ok,
-        "requests_failed": len(everything.status) - requests_ok,
-        "failures_by_status": {k: v for k, v in everything.status_counts().items() if not k.startswith("2")},
-        "throughput_rps": requests_ok / everything.wall_s if everything.wall_s else 0.0,
-        **latency_summary(ok_latencies),  # every phase's
+        **_counted_columns(everything),  # every phase's requests
         "phases": phases,
         **(_server_columns(endpoint, before, after, len(everything.status)) if ours else {}),
         **_client_columns(everything, load.client_processes),
@@ -231,6 +242,61 @@ def measure_phases(
         # phases are measured as they come: every request counts, and so does the server's CPU over all of them
         **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(everything.status)),
         **gpu_usage,
+    }
+
+
+def _phase_spec(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: list[bytes], phase) -> LoadSpec:
+    rate = phase.request_rate_rps if phase.concurrency is None else None
+    if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
+        rate = params.get("request_rate_rps")
+    concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
+    return _load_spec(endpoint, load, bodies, concurrency, rate, params.get("protocol"))
+
+
+def _run_phases(load: LoadSettings, spec) -> tuple[list[dict], LoadResult]:
+    """Load each phase in turn with spec(phase); (each phase's columns, every phase's requests as one result)."""
+    phases, everything = [], LoadResult()
+    for phase in load.phases:
+        started_epoch_s = time.time()
+        result = run_load_processes(spec(phase), phase.duration_s, load.client_processes)
+        windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
+        phases.append(
+            {
+                "phase": phase.name,
+                "started_epoch_s": started_epoch_s,
+                **_counted_columns(result),
+                # completions per load.window_s through the phase: how the rate moved in it (a move shows here)
+                "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
+            }
+        )
+        everything.latency_ms += result.latency_ms
+        everything.status += result.status
+        everything.wall_s += result.wall_s
+        everything.client_cpu_s += result.client_cpu_s
+    return phases, everything
+
+
+def _ok_latencies(result: LoadResult) -> list[float]:
+    return [lat for lat, ok in zip(result.latency_ms, result.ok, strict=True) if ok]
+
+
+def _request_columns(result: LoadResult, ok_latencies: list[float]) -> dict:
+    """How many requests a run (or its measured windows) made over how long, and how they ended."""
+    return {
+        "duration_s": result.wall_s,
+        "requests_ok": len(ok_latencies),
+        "requests_failed": len(result.status) - len(ok_latencies),
+        "failures_by_status": {k: v for k, v in result.status_counts().items() if not k.startswith("2")},
+    }
+
+
+def _counted_columns(result: LoadResult) -> dict:
+    """Requests, throughput and latency of a run measured as it came: every request counted, over its whole time."""
+    ok_latencies = _ok_latencies(result)
+    return {
+        **_request_columns(result, ok_latencies),
+        "throughput_rps": len(ok_latencies) / result.wall_s if result.wall_s else 0.0,
+        **latency_summary(ok_latencies),
     }
 
 
