@@ -169,16 +169,6 @@ def write_plan_json(plan: CorePlan, run_dir: Path) -> Path:
     return path
 
 
-def pin_process(pid: int, cores: list[int]) -> None:
-    """Pin every thread a process has now (sched_setaffinity acts per thread; new threads inherit it).
-    Workers pin themselves (handlers/pinning.py); this is for the frontend, from outside."""
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            os.sched_setaffinity(int(task.name), cores)
-        except (ProcessLookupError, PermissionError):
-            pass  # a thread that ended meanwhile
-
-
 def cpus_allowed(pid: int) -> str:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):

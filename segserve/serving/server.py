@@ -233,10 +233,10 @@ class TorchServe(ManagementClient):
                     and request(self.url("inference"), "GET", "/ping", self.token("inference"), timeout_s=2).status == 200
                 ):
                     if plan is not None:  # the frontend first: workers start from its affinity
-                        from segserve.serving.cores import pin_process
+                        from handlers.pinning import pin_all_threads  # the workers' own (imports torch: only with a plan)
 
                         for pid in self.process_ids():
-                            pin_process(pid, plan.frontend)
+                            pin_all_threads(pid, plan.frontend)
                     log(f"TorchServe is up: inference {self.url('inference')}, management {self.url('management')}")
                     return
             except (OSError, RuntimeFailure, KeyError):
