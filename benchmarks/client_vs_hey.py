@@ -29,7 +29,7 @@ from segserve.bench.run.deploy import Deployment  # noqa: E402
 from segserve.bench.run.load import LoadSpec  # noqa: E402
 from segserve.bench.run.load_processes import run_load_processes  # noqa: E402
 from segserve.bench.run.measure import process_groups  # noqa: E402
-from segserve.bench.run.session import plan_points  # noqa: E402
+from segserve.bench.run.suite_run import plan_points  # noqa: E402
 from segserve.bench.suite.spec import load_suite  # noqa: E402
 from segserve.serving.metrics import ProcessSampler, cpu_ms_per_request, cpu_s_of  # noqa: E402
 

@@ -14,7 +14,7 @@ from segserve.archives.catalog import Catalog
 from segserve.bench.results.compare import paired_change
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.runner import Runner
-from segserve.bench.run.session import Setup
+from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.search import GridSearch
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import load_suite
@@ -32,7 +32,7 @@ def main(suite_path: Path, rounds: int, pairs: list[str]) -> None:
     catalog = Catalog(root)
     suite = load_suite(suite_path, catalog)
     weights = root / "weights" / "seg.pt"
-    setup = Setup(suite, catalog, weights)
+    setup = SuiteInputs(suite, catalog, weights)
     points = planning.expand(suite, catalog, setup.digests())
     chosen = {pair: [point_of(points, pair.split(":")[0], side) for side in pair.split(":")[1:]] for pair in pairs}
     deployment = Deployment(suite, catalog, weights, lambda _: None)

@@ -14,7 +14,7 @@ import numpy as np
 from segserve.archives.catalog import Catalog
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.load import LoadSpec, run_load
-from segserve.bench.run.session import Setup
+from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import load_suite
 
@@ -37,7 +37,7 @@ def main(registrations: int) -> None:
     catalog = Catalog(root)
     suite = load_suite(root / "benchmarks" / "gate.yaml", catalog)
     weights = root / "weights" / "seg.pt"
-    setup = Setup(suite, catalog, weights)
+    setup = SuiteInputs(suite, catalog, weights)
     points = [p for p in planning.expand(suite, catalog, setup.digests()) if p.params.get("concurrency") == 16]
     deployment = Deployment(suite, catalog, weights, lambda _: None)
     results: dict[str, list] = {}

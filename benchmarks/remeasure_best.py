@@ -15,7 +15,8 @@ from segserve.bench.results.compare import paired_change
 from segserve.bench.results.store import read_summary
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.runner import Runner
-from segserve.bench.run.session import Setup, members_of
+from segserve.bench.run.suite_inputs import SuiteInputs
+from segserve.bench.run.suite_run import members_of
 from segserve.bench.search import GridSearch, candidates
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.columns import best
@@ -34,7 +35,7 @@ def main(folder_a: Path, folder_b: Path, rounds: int) -> None:
     catalog = Catalog(root)
     suite = load_suite(folder_a / "suite.yaml", catalog)
     weights = root / "weights" / "seg.pt"
-    setup = Setup(suite, catalog, weights)
+    setup = SuiteInputs(suite, catalog, weights)
     points = planning.expand(suite, catalog, setup.digests())
     by_key = {p.key: p for p in points}
     chosen = {}

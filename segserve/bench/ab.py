@@ -23,7 +23,7 @@ from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.load import LoadSpec, run_load
 from segserve.bench.run.measure import measure, process_groups
 from segserve.bench.run.runner import round_schedule
-from segserve.bench.run.session import Setup
+from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Suite
 from segserve.errors import UsageError
@@ -149,12 +149,12 @@ def run_ab(ab: AbRun, log=print) -> tuple[Path, bool]:
     return _report(ab, rows, changes, log)
 
 
-def _points_and_bodies(ab: AbRun, sides: dict[str, Deployment], log) -> tuple[list, Setup]:
+def _points_and_bodies(ab: AbRun, sides: dict[str, Deployment], log) -> tuple[list, SuiteInputs]:
     """The suite's points (planned on A's catalog) and their request bodies, every one made before any deploy."""
     catalog = sides["a"].catalog
-    points = planning.expand(ab.suite, catalog, Setup(ab.suite, catalog, ab.weights).digests())
+    points = planning.expand(ab.suite, catalog, SuiteInputs(ab.suite, catalog, ab.weights).digests())
     log(f"{len(points)} point(s) × {ab.rounds} round(s) × A and B, interleaved")
-    bodies = Setup(ab.suite, catalog, ab.weights)
+    bodies = SuiteInputs(ab.suite, catalog, ab.weights)
     bodies.capture = sides["a"].answers
     for point in points:  # before any deploy: a workflow member's capture releases what is registered
         bodies.bodies_for(point.target)
@@ -176,7 +176,7 @@ class _Measured:
             self.costs.setdefault(key, {}).setdefault(column, []).append(metrics.get(column))
 
 
-def _measure_in_turn(ab: AbRun, sides: dict[str, Deployment], points: list, bodies: Setup, log) -> _Measured:
+def _measure_in_turn(ab: AbRun, sides: dict[str, Deployment], points: list, bodies: SuiteInputs, log) -> _Measured:
     """Every point on A and on B in turn, round after round; what each measured."""
     measured = _Measured()
     this_round = 0  # round 1 has the workers the warm-up started

@@ -13,7 +13,7 @@ from pathlib import Path
 from segserve.archives.catalog import Catalog
 from segserve.bench.results.render import render_table
 from segserve.bench.results.store import read_runs, read_summary
-from segserve.bench.run.session import members_of
+from segserve.bench.run.suite_run import members_of
 from segserve.bench.search import STRATEGIES, candidates, make_strategy
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.columns import METRICS, best

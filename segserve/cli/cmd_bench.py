@@ -148,15 +148,15 @@ def run_replay(args) -> int:
 
 
 def run_collect(args) -> int:
-    from segserve.bench.run.session import CollectRun, collect
+    from segserve.bench.run.suite_run import CollectRun, collect
 
     collect(CollectRun(args.study, args.storage, catalog(), Path(args.results)))
     return 0
 
 
 def run_suite(args) -> int:
-    from segserve.bench.run.session import SuiteRun, carries_weights, describe_search, prepare, strategy_for
-    from segserve.bench.run.session import run_suite as run_points
+    from segserve.bench.run.suite_run import SuiteRun, carries_weights, describe_search, prepare, strategy_for
+    from segserve.bench.run.suite_run import run_suite as run_points
     from segserve.bench.suite import plan
     from segserve.bench.suite.spec import load_suite
 

@@ -242,12 +242,12 @@ def test_an_http_target_is_measured_at_each_load_point_with_its_headers_from_the
 
 
 def test_a_run_id_changes_with_the_load_settings_the_inputs_and_the_recipe(tmp_path):
-    from segserve.bench.run.session import Setup
+    from segserve.bench.run.suite_inputs import SuiteInputs
 
     weights = tmp_path / "seg.pt"
     weights.write_bytes(b"weights")
     first = write(tmp_path, f"targets: [seg_jpeg]\ninputs: [{{images: ['{SAMPLES}']}}]\nload: {{window_s: 2}}\n")
-    ids = lambda suite: [p.run_id for p in plan.expand(suite, CATALOG, Setup(suite, CATALOG, weights).digests())]  # noqa: E731
+    ids = lambda suite: [p.run_id for p in plan.expand(suite, CATALOG, SuiteInputs(suite, CATALOG, weights).digests())]  # noqa: E731
     keys = lambda suite: [p.key for p in plan.expand(suite, CATALOG)]  # noqa: E731
     base = load_suite(first, CATALOG)
     other_load = load_suite(write(tmp_path, first.read_text().replace("window_s: 2", "window_s: 3"), "b.yaml"), CATALOG)
@@ -256,10 +256,10 @@ def test_a_run_id_changes_with_the_load_settings_the_inputs_and_the_recipe(tmp_p
     assert len({ids(base)[0], ids(other_load)[0], ids(one_input)[0]}) == 3  # … measured three ways
     before = ids(base)
     assert ids(base) == before  # stable
-    inputs = {name: Setup(base, CATALOG, weights).parts(name)["inputs"] for name in ("seg", "jpeg")}
+    inputs = {name: SuiteInputs(base, CATALOG, weights).parts(name)["inputs"] for name in ("seg", "jpeg")}
     weights.write_bytes(b"other weights")  # the archive recipe carries the weights
     assert ids(base) != before
-    after = {name: Setup(base, CATALOG, weights).parts(name)["inputs"] for name in ("seg", "jpeg")}
+    after = {name: SuiteInputs(base, CATALOG, weights).parts(name)["inputs"] for name in ("seg", "jpeg")}
     assert after["seg"] == inputs["seg"] and after["jpeg"] != inputs["jpeg"]  # jpeg's inputs are the model's class maps
 
 
@@ -310,7 +310,7 @@ def test_the_bare_forwards_length_is_the_suites_and_leaves_run_ids_alone(tmp_pat
     """load.bare_forward_s: the end-of-suite bare forward measures that long per shape; it changes no served
     measurement, so a suite that only shortens it keeps its run ids (resume and compare still match)."""
     from segserve.bench.run import runner
-    from segserve.bench.run.session import plan_points
+    from segserve.bench.run.suite_run import plan_points
     from segserve.bench.suite.spec import LoadSettings
 
     asked = []
@@ -334,7 +334,7 @@ def test_points_whose_threads_times_workers_exceed_the_cores_are_named_before_me
     from types import SimpleNamespace
 
     from segserve.bench.run.runner import Runner
-    from segserve.bench.run.session import oversubscribed
+    from segserve.bench.run.suite_run import oversubscribed
 
     path = tmp_path / "suite.yaml"
     path.write_text(

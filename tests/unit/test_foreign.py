@@ -11,7 +11,7 @@ import yaml
 
 from segserve.archives.catalog import Catalog
 from segserve.bench.run.inputs import request_bodies
-from segserve.bench.run.session import Setup
+from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import InputSpec, load_suite
 from segserve.errors import RuntimeFailure, UsageError
@@ -127,12 +127,12 @@ def test_a_wars_members_are_targets_after_it_the_root_sent_its_inputs_the_others
     assert catalog.targets["flow"].members == ("flow-pre", "flow-post")
     assert [n.name for n in catalog.targets["flow-post"].nodes] == ["post"]
     # a member's run id follows its parent's inputs and archive: another root input, another id for both
-    ids = {p.target: p.run_id for p in planning.expand(suite, catalog, Setup(suite, catalog, ROOT / "none.pt").digests())}
+    ids = {p.target: p.run_id for p in planning.expand(suite, catalog, SuiteInputs(suite, catalog, ROOT / "none.pt").digests())}
     (archives / "blob.bin").write_bytes(b"\x00\x02")
-    again = {p.target: p.run_id for p in planning.expand(suite, catalog, Setup(suite, catalog, ROOT / "none.pt").digests())}
+    again = {p.target: p.run_id for p in planning.expand(suite, catalog, SuiteInputs(suite, catalog, ROOT / "none.pt").digests())}
     assert ids["flow-post"] != again["flow-post"] and ids["flow-pre"] != again["flow-pre"] and ids["mine"] == again["mine"]
     with pytest.raises(RuntimeFailure, match="captured on a server"):  # no server to capture on: said, not guessed
-        Setup(suite, catalog, ROOT / "none.pt").bodies_for("flow-post")
+        SuiteInputs(suite, catalog, ROOT / "none.pt").bodies_for("flow-post")
 
 
 def test_tensor_json_and_multipart_bodies(tmp_path):

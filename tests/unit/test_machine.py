@@ -137,7 +137,7 @@ def test_a_point_measured_in_rounds_is_the_median_of_its_rounds_with_their_sprea
 
 
 def test_rounds_need_a_whole_grid():
-    from segserve.bench.run.session import check_rounds
+    from segserve.bench.run.suite_run import check_rounds
     from segserve.bench.suite.spec import Suite
     from segserve.errors import UsageError
 

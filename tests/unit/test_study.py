@@ -9,7 +9,7 @@ import pytest
 
 from segserve.archives.catalog import Catalog
 from segserve.bench.run.runner import record_for
-from segserve.bench.run.session import CollectRun, collect
+from segserve.bench.run.suite_run import CollectRun, collect
 from segserve.bench.search import make_strategy, study
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Budget, SearchSettings, load_suite

@@ -1,15 +1,12 @@
-"""A whole suite run: the result folder, the points and their setup, the loop, the bare-model measurement,
+"""A whole suite run: the result folder, the points and their inputs, the loop, the bare-model measurement,
 and the sinks that write what was measured."""
 
-import hashlib
-import json
 import os
 import platform
 import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
 
 from segserve.archives.archive_urls import masked_text
@@ -17,10 +14,9 @@ from segserve.archives.catalog import Catalog
 from segserve.bench.results.analysis import Pipeline, analyse
 from segserve.bench.results.sinks import Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs
-from segserve.bench.run.command import v2_binary_body
 from segserve.bench.run.deploy import Deployment
-from segserve.bench.run.inputs import Body, class_maps, request_bodies
 from segserve.bench.run.runner import Runner, bare_throughputs
+from segserve.bench.run.suite_inputs import SuiteInputs, digest
 from segserve.bench.run.targets.best import Best
 from segserve.bench.search import budget_points, candidates, make_strategy, study
 from segserve.bench.suite import plan as planning
@@ -109,105 +105,6 @@ def _output(command: list[str], stderr: bool = False) -> str:
     return done.stderr if stderr else done.stdout
 
 
-def _digest(*parts) -> str:
-    sha = hashlib.sha1()
-    for part in parts:
-        sha.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
-    return sha.hexdigest()[:8]
-
-
-class Setup:
-    """Request bodies per target and what, besides a point's parameters, changes its measurement: the load
-    settings, the inputs, the archive recipe (node configs, DAG spec, weights) and the server config."""
-
-    def __init__(self, suite: Suite, catalog: Catalog, weights: Path):
-        self.suite, self.catalog, self.weights = suite, catalog, weights
-        # (archive target, bodies) → what it answers to each: set to the deployment's `answers` before measuring
-        self.capture = None
-
-    @cache  # noqa: B019 (one Setup per run)
-    def images(self, phase: str | None = None) -> tuple[bytes, ...]:
-        """The suite's inputs, or a load phase's (its own, else the suite's)."""
-        given = next((p.inputs for p in self.suite.load.phases or [] if p.name == phase), None)
-        return tuple(request_bodies(given or self.suite.inputs))
-
-    @cache  # noqa: B019
-    def bodies_for(self, name: str, phase: str | None = None) -> list[bytes]:
-        parent = self.parent(name)
-        if parent is not None:  # a member of a user's workflow: what its parent answers, as the workflow hands it on
-            if self.capture is None:
-                raise RuntimeFailure(f"{name}: its inputs are its parent's answers, captured on a server (none here)")
-            return list(self.capture(parent, tuple(self.bodies_for(parent, phase))))
-        archive = self.suite.archive_targets.get(name)
-        if archive is not None and archive.inputs:  # a user's archive: what it is sent, its own (phases too)
-            return request_bodies(archive.inputs)
-        command = self.suite.command_targets.get(name)
-        if command is not None and command.protocol == "kserve-v2-binary":  # the images inside v2 requests
-            wrapped = [v2_binary_body(body, command.v2_input, command.v2_output) for body in self.images(phase)]
-            return [Body(body, "application/octet-stream") for body in wrapped]
-        target = self.catalog.targets.get(name)
-        if target is None or archive is not None or target.takes == "image":
-            return list(self.images(phase))
-        # class maps: what the model that turns images into class maps answers for the images
-        return class_maps(list(self.images(phase)), self.weights, self.producer(target.takes).config)
-
-    def parent(self, name: str) -> str | None:
-        """The member of the same .war whose answers this member is sent (None: not such a member)."""
-        foreign = self.catalog.foreign.get(name)
-        return foreign.parent if foreign is not None else None
-
-    def all_images(self) -> tuple[bytes, ...]:
-        """Every body the suite sends, its phases' too (what its measurements depend on)."""
-        return self.images() + tuple(body for phase in self.suite.load.phases or [] for body in self.images(phase.name))
-
-    def producer(self, kind: str):
-        """The node model that turns images into this kind of body (seg: class maps)."""
-        return next(m for m in self.catalog.models.values() if m.takes == "image" and m.gives == kind)
-
-    @cache  # noqa: B019 (read once per run, not once per target)
-    def weights_digest(self) -> str:
-        return _digest(self.weights.read_bytes()) if self.weights.exists() else ""  # --dry-run may come before training
-
-    def parts(self, name: str) -> dict[str, str]:
-        """Digests of what changes a target's measurement besides its parameters. The code (handlers/, segserve/)
-        is left out on purpose: `bench compare` compares two versions of it; records keep the git sha."""
-        suite = self.suite
-        # the bare forward's length changes no served measurement: left out, so run ids stay those of older runs
-        load = suite.load.model_dump(exclude_none=True, exclude={"bare_forward_s"})
-        parts = {"load": _digest(load), "inputs": _digest(*self.all_images())}
-        http = suite.http_targets.get(name)
-        if http is not None:
-            return {**parts, "recipe": _digest(http.url, sorted(http.headers))}
-        command = suite.command_targets.get(name)
-        if command is not None:  # how it is started and spoken to (its own values are the point's parameters)
-            recipe = command.model_dump(include={"command", "path", "health", "protocol", "v2_input", "v2_output", "env"})
-            return {**parts, "recipe": _digest(recipe)}
-        server = [path.read_bytes() for path in (self.catalog.config_template, Path(suite.core_plan or "")) if path.is_file()]
-        foreign = self.catalog.foreign.get(name)
-        if foreign is not None:  # the user's archive and its node archives, as they are now
-            archive = suite.archive_targets[name]
-            inputs = request_bodies(archive.inputs) if archive.inputs else self.all_images()
-            recipe = [path.read_bytes() for path in foreign.files() if path.is_file()]
-            if foreign.parent is not None:  # its inputs: what the parent's archive answers to the parent's inputs
-                inputs = [_digest(self.parts(foreign.parent)).encode()]
-            return {**parts, "inputs": _digest(*inputs), "recipe": _digest(*recipe), "server": _digest(*server)}
-        target = self.catalog.targets[name]
-        if target.takes != "image":  # its inputs are what the producer model makes of the images
-            producer = self.producer(target.takes)
-            parts["inputs"] = _digest(*self.all_images(), producer.config.read_bytes(), self.weights_digest())
-        files = {node.model.config for node in target.nodes}
-        if target.dag:
-            dag = self.catalog.dags[target.dag]
-            files |= {dag.spec_path, dag.fused_config}
-        recipe = [path.read_bytes() for path in sorted(files) if path.exists()]
-        if any(node.model.weights for node in target.nodes):
-            recipe.append(self.weights_digest())
-        return {**parts, "recipe": _digest(*recipe), "server": _digest(*server)}
-
-    def digests(self) -> dict[str, str]:
-        return {name: _digest(self.parts(name)) for name in self.suite.target_names}
-
-
 def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
     result = {}
     for name in names:
@@ -263,7 +160,7 @@ def describe_search(suite: Suite, catalog: Catalog, points: list[planning.Point]
 
 def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.Point]:
     """The points with the run ids a run will give them (--dry-run)."""
-    return planning.expand(suite, catalog, Setup(suite, catalog, weights).digests())
+    return planning.expand(suite, catalog, SuiteInputs(suite, catalog, weights).digests())
 
 
 def carries_weights(suite: Suite, catalog: Catalog) -> bool:
@@ -300,7 +197,7 @@ class Prepared:
 
     points: list[planning.Point]
     parts: dict[str, dict]  # target → what besides its parameters its measurement depends on
-    setup: Setup
+    inputs: SuiteInputs
     storage: object | None  # the shared study's storage, opened (so reachable); None without --storage
 
 
@@ -312,10 +209,10 @@ def prepare(run: SuiteRun) -> Prepared:
     storage = study.open_storage(run.storage_url, None, run.heartbeat_s) if run.storage_url else None  # refused before anything starts
     if run.resume is not None and not (run.resume / "runs").is_dir():
         raise UsageError(f"--resume {run.resume}: not a result folder (no runs/ inside)")
-    setup = Setup(run.suite, run.catalog, run.weights)
-    parts = {name: setup.parts(name) for name in run.suite.target_names}
-    points = planning.expand(run.suite, run.catalog, {name: _digest(p) for name, p in parts.items()})
-    return Prepared(points, parts, setup, storage)
+    inputs = SuiteInputs(run.suite, run.catalog, run.weights)
+    parts = {name: inputs.parts(name) for name in run.suite.target_names}
+    points = planning.expand(run.suite, run.catalog, {name: digest(p) for name, p in parts.items()})
+    return Prepared(points, parts, inputs, storage)
 
 
 def run_suite(run: SuiteRun, log=print) -> Path:
@@ -373,8 +270,8 @@ def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
     # its servers stop as the measuring ends: the analysis, the sinks and the profile run on a quiet machine
     with Deployment(suite, catalog, run.weights, log, port_base=run.port_base) as deployment:
-        prepared.setup.capture = deployment.answers
-        runner = Runner(catalog, deployment, strategy, sinks, prepared.setup.bodies_for, log)
+        prepared.inputs.capture = deployment.answers
+        runner = Runner(catalog, deployment, strategy, sinks, prepared.inputs.bodies_for, log)
         warn_about_machine(points, runner, kept, env_info, log)
 
         def base(point) -> dict:
@@ -405,13 +302,13 @@ def _finish(run: SuiteRun, prepared: Prepared, out_dir: Path, records: list[dict
     for sink in sinks:
         sink.finish(finished)
     if suite.profile == "best":
-        profile_best(suite, catalog, run.weights, records, points, prepared.setup, out_dir, run.port_base, log)
+        profile_best(suite, catalog, run.weights, records, points, prepared.inputs, out_dir, run.port_base, log)
     if records and all(r.get("error") for r in records):  # written down, but not a measurement: exit 1, not 0
         raise RuntimeFailure(f"every point of this run failed (the first: {records[0]['error']}); results: {out_dir}")
     return out_dir
 
 
-def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], points: list, setup, out_dir: Path, port_base, log) -> None:
+def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], points: list, inputs, out_dir: Path, port_base, log) -> None:
     """`profile: best`: the suite's best point of ours served again and profiled under its own load
     (segserve/bench/run/profiler.py), and beside it the best command target's (a peer server: every process of
     it, py-spy on the Python ones); each profile's summary is appended to report.md."""
@@ -427,7 +324,7 @@ def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], po
             continue
         point = next(p for p in points if p.run_id == winner["run_id"])
         log(f"profiling {what} {point.run_id} for {suite.profile_seconds:.0f}s …")
-        summary = _profile_point(suite, catalog, weights, point, setup, out_dir, port_base, log)
+        summary = _profile_point(suite, catalog, weights, point, inputs, out_dir, port_base, log)
         folder = Path(summary["folder"])
         text = (folder / "report.md").read_text().replace("# Profile of", f"## Profile of {what}:", 1)
         with open(out_dir / "report.md", "a") as report:
@@ -435,14 +332,14 @@ def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], po
         log(f"profile of {point.run_id}: {folder}")
 
 
-def _profile_point(suite, catalog: Catalog, weights: Path, point, setup, out_dir: Path, port_base, log) -> dict:
+def _profile_point(suite, catalog: Catalog, weights: Path, point, inputs, out_dir: Path, port_base, log) -> dict:
     """Deploy one point again (its own server) and profile it under its suite's connections."""
     from segserve.bench.run import profiler
     from segserve.bench.run.load import LoadSpec
 
     with Deployment(suite, catalog, weights, log, port_base=port_base) as deployment:
-        setup.capture = deployment.answers
-        bodies = setup.bodies_for(point.target)  # before the deploy: a member's capture releases what is registered
+        inputs.capture = deployment.answers
+        bodies = inputs.bodies_for(point.target)  # before the deploy: a member's capture releases what is registered
         endpoint = deployment.deploy(point)
         connections = point.params.get("concurrency") or 8
         seconds, out = suite.profile_seconds, out_dir / "profile"
