@@ -58,7 +58,7 @@ def stage_handler_package(root: Path, staging: Path) -> Path:
 
 
 def write_model_config(source: Path, target: Path, handler_overrides: dict, registration: dict | None = None) -> Path:
-    """A model config from `source` with some `handler:` values (and TorchServe keys such as batchSize) replaced."""
+    """A model config from `source` with some `handler:` values (and TorchServe registration keys, archives/registration.py) replaced."""
     config = yaml.safe_load(source.read_text()) or {}
     config.update(registration or {})
     config.setdefault("handler", {}).update({k: v for k, v in handler_overrides.items() if v is not None})
@@ -110,7 +110,7 @@ class Recipe:
 
     node_settings: node name → `handler:` overrides of that node's model; stage_settings: overrides of the
     worker that runs the target's stages (a model's own worker, the fused twin's); registration: TorchServe
-    keys of a model config (batchSize, maxBatchDelay) or, for a workflow, of its spec's `models:`."""
+    keys of a model config (archives/registration.py) or, for a workflow, of its spec's `models:`."""
 
     def __init__(self, catalog: Catalog, weights: Path, model_store: Path, staging: Path, log=print):
         self.catalog, self.weights, self.store, self.staging, self.log = catalog, weights, model_store, staging, log
@@ -156,7 +156,7 @@ class Recipe:
         return archive
 
     def workflow_archive(self, dag: Dag, name: str, node_urls: dict[str, str], spec_models: dict | None = None) -> Path:
-        """<name>.war: the DAG's spec with each node's url replaced and `models:` keys (batch-size …) set,
+        """<name>.war: the DAG's spec with each node's url replaced and `models:` registration keys set,
         DAG-wide (a value) or per node (a mapping under the node's name)."""
         spec = yaml.safe_load(dag.spec_path.read_text())
         for node, url in node_urls.items():

@@ -112,7 +112,7 @@ class ForeignArchive:
 
     def install(self, store: Path, spec_models: dict[str, dict] | None = None) -> str:
         """Put it into `store` for registration: a .mar copied (once); a .war written with its nodes' entries
-        updated by `spec_models` (node → {batch-size, max-batch-delay, timeout-ms, min-workers, max-workers}),
+        updated by `spec_models` (node → its registration keys, archives/registration.py),
         beside its node .mar files. Returns the file name to register."""
         self.fetch_missing()
         if not self.is_workflow:

@@ -42,6 +42,12 @@ def query(values: dict) -> str:
     return "".join(f"&{REGISTRATIONS[name].query}={value}" for name, value in values.items() if value is not None)
 
 
+def register_query(archive: str, name: str, workers: int, values: dict) -> str:
+    """POST /models?<this>: the archive registered as `name` with that many workers and the settings given, answered
+    once its workers are up."""
+    return f"url={archive}&model_name={name}&initial_workers={workers}&synchronous=true" + query(values)
+
+
 def scale_query(workers: int) -> str:
     """PUT /models/<name>?<this>: that many workers, and no fewer or more."""
     return "&".join(f"{key}={workers}" for key in WORKERS_QUERY) + "&synchronous=true"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from segserve.archives.registration import WORKERS_WORKFLOW
+from segserve.archives.registration import REGISTRATIONS, WORKERS_WORKFLOW
 from segserve.autoscale.rules import (
     TORCHSERVE,
     Bounds,
@@ -61,7 +61,7 @@ def core_budget(cores: str | None) -> int:
 
 
 def node_bounds(spec_models: dict, nodes: dict[str, str]) -> dict[str, Bounds]:
-    """Per registered node model, min/max workers from the workflow YAML's `models:` (min-workers, max-workers)."""
+    """Per registered node model, min/max workers from the workflow YAML's `models:` (its workers keys)."""
     bounds = {}
     for node, model in nodes.items():
         given = spec_models.get(node) or {}
@@ -107,7 +107,7 @@ class Meter:
         for model in self.models:
             described = self.server.describe(model)
             workers[model] = [int(w["pid"]) for w in described.get("workers", []) if int(w.get("pid") or -1) > 0]
-            batch[model] = int(described.get("batchSize") or 1)
+            batch[model] = int(described.get(REGISTRATIONS["batch_size"].model_config) or 1)  # describe's key is the config's
         cpu = {}
         for pids in workers.values():
             for pid in pids:

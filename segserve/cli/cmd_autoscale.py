@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from segserve.archives.catalog import unknown
+from segserve.archives.registration import WORKERS_WORKFLOW
 from segserve.cli.common import running_server
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.served_pipeline import DEFAULT_DAG, catalog
@@ -31,7 +32,7 @@ def add_parser(sub, common) -> None:
     )
     p.add_argument(
         "--war",
-        help="your workflow's .war (a path or URL): its spec names the nodes and each node's min-workers/max-workers (without"
+        help=f"your workflow's .war (a path or URL): its spec names the nodes and each node's {'/'.join(WORKERS_WORKFLOW)} (without"
         " it: 1 to the budget)",
     )
     p.add_argument("--intervals", type=int, help="stop after this many decisions (default: run until interrupted)")
@@ -62,7 +63,7 @@ def run(args) -> int:
         server = running_server(args, dag)
     if sum(b.min_workers for b in bounds.values()) > budget:
         minimums = ", ".join(f"{model} {b.min_workers}" for model, b in bounds.items())
-        raise UsageError(f"--cores: a budget of {budget} worker(s) is below the nodes' min-workers ({minimums})")
+        raise UsageError(f"--cores: a budget of {budget} worker(s) is below the nodes' {WORKERS_WORKFLOW[0]} ({minimums})")
     scaler = Autoscaler(server, bounds, policy, server.run_dir, dry_run=args.dry_run, fused=fused)
     what = f"{next(iter(bounds))}'s workers × threads" if fused else ", ".join(bounds)
     print(f"autoscaling {what} within {budget} core(s), every {args.interval_s:.0f}s" + (" (dry run)" if args.dry_run else ""))

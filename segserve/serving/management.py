@@ -53,14 +53,12 @@ class ManagementClient:
         log=print,
     ) -> None:
         """POST /models; batching and timeout (s) from the archive's model-config unless given."""
-        path = f"/models?url={archive}&model_name={name}&initial_workers={workers}&synchronous=true"
-        path += registration.query(
-            {"batch_size": batch_size, "max_batch_delay_ms": max_batch_delay_ms, "response_timeout": response_timeout}
-        )
+        values = {"batch_size": batch_size, "max_batch_delay_ms": max_batch_delay_ms, "response_timeout": response_timeout}
+        path = "/models?" + registration.register_query(archive, name, workers, values)
         since = self.model_log_size()
         self._expect_ok(self.call("management", "POST", path), f"registering {archive} as {name}", since)
         started = len(self.describe(name).get("workers", []))
-        if started != workers:  # TorchServe 0.12: the archive's minWorkers/maxWorkers win over initial_workers
+        if started != workers:  # TorchServe 0.12: the archive's own workers count wins over the registration's
             self.scale(name, workers)
         log(f"registered model {name} ({archive}, {workers} worker(s))")
 

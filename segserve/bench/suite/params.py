@@ -114,7 +114,7 @@ PARAMS = {
             "archive",
             PositiveInt,
             per_node=True,
-            doc="TorchServe's response timeout in seconds (a workflow node's timeout-ms)",
+            doc=f"TorchServe's response timeout in seconds (a workflow node's {REGISTRATIONS['response_timeout'].workflow})",
         ),
         Param(
             "precision",

@@ -131,7 +131,7 @@ def expand(suite: Suite, catalog: Catalog, setups: dict[str, str] | None = None)
 
 def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, dict[str, dict]]:
     """What a point sets where: (node → `handler:` settings, the fused worker's settings, node → TorchServe
-    registration values as a workflow spec's `models:` spells them, {"batch-size", "max-batch-delay", "timeout-ms"});
+    registration values as a workflow spec's `models:` spells them, archives/registration.py's workflow keys);
     per-node values override DAG-wide ones."""
     params = dict(point.archive)
     node_settings: dict[str, dict] = {}

@@ -102,8 +102,7 @@ class ArchiveFiles:
         name, chosen = self.target.name, self.chosen
         management = "${TS_MANAGEMENT:-http://127.0.0.1:8081}"
         if not self.foreign.is_workflow:
-            query = f"url={self.foreign.path.name}&model_name={name}&initial_workers={chosen['workers']}&synchronous=true"
-            query += registration.query(registration_of(chosen))
+            query = registration.register_query(self.foreign.path.name, name, chosen["workers"], registration_of(chosen))
             calls = [f'curl -fsS -X POST "{management}/models?{query}"']
             calls.append(f'curl -fsS -X PUT "{management}/models/{name}?{registration.scale_query(chosen["workers"])}"')
         else:

@@ -168,7 +168,7 @@ class TorchServeTargets(Kind):
         self.registered_key, self.fresh_workers = key, True
         self.load_s = round(time.monotonic() - started, 2)
         self.changes["registrations"] += 1
-        # What TorchServe started, not what was asked: 0.12 ignores a workflow node's own min-workers/max-workers
+        # What TorchServe started, not what was asked: 0.12 ignores a workflow node's own workers keys
         # (it starts the DAG-wide count), so ensure_workers scales such a node to the point's count.
         self.current_workers = {node: len(server.describe(model).get("workers", [])) for node, model in self._worker_models(target).items()}
 
