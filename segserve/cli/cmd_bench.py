@@ -19,8 +19,6 @@ def with_run_action(argv: list[str]) -> list[str]:
 
 
 def add_parser(sub, common) -> None:
-    from segserve.bench.search.study import HEARTBEAT_S
-
     p = sub.add_parser(
         "bench",
         help="run a benchmark suite, `bench compare OLD NEW`, `bench ab SUITE --a REF --b REF`, `bench replay RESULTS`, "
@@ -40,8 +38,14 @@ def add_parser(sub, common) -> None:
     )
     effect = argparse.ArgumentParser(add_help=False)
     effect.add_argument("--min-effect", type=float, default=0.05, help="the smallest relative throughput change that counts (default 0.05)")
+    add_run_parser(actions, [where, weights, storage])
+    add_result_parsers(actions, where, weights, storage, effect)
 
-    q = actions.add_parser("run", parents=[where, weights, storage], help="run a suite (the default: `segserve bench SUITE.yaml`)")
+
+def add_run_parser(actions, parents: list) -> None:
+    from segserve.bench.search.study import HEARTBEAT_S
+
+    q = actions.add_parser("run", parents=parents, help="run a suite (the default: `segserve bench SUITE.yaml`)")
     q.add_argument("suite", metavar="SUITE.yaml", help="a suite file (benchmarks/*.yaml)")
     q.add_argument("--dry-run", action="store_true", help="print the plan: points, restarts, estimated time")
     q.add_argument("--resume", metavar="DIR", help="continue a result folder, skipping finished points")
@@ -69,6 +73,9 @@ def add_parser(sub, common) -> None:
     )
     q.set_defaults(run=run_suite)
 
+
+def add_result_parsers(actions, where, weights, storage, effect) -> None:
+    """compare, ab, replay, collect and schema: the actions on results, versions and suites."""
     q = actions.add_parser("compare", parents=[effect], help="did NEW get slower than OLD, point by point (exit 1: a slowdown)")
     q.add_argument("old", metavar="OLD", help="a result folder")
     q.add_argument("new", metavar="NEW", help="a result folder of the same suite")
