@@ -9,6 +9,9 @@ def add_parser(sub, common) -> None:
     q.add_argument("--where", action="append", default=[], metavar="COND", help="COLUMN OP VALUE, OP: < <= > >= = != (repeatable)")
     q.add_argument("--sort", metavar="COLUMN", help="sort by COLUMN, -COLUMN: descending")
     q.add_argument("--limit", type=int, help="at most this many rows")
+    q.add_argument(
+        "--pipelines", action="store_true", help="the rows of pipelines.jsonl (each pipeline's bounds and ratios), not of summary.jsonl"
+    )
     q.add_argument("--format", choices=["table", "csv", "json"], default="table", help="table (default), csv or json")
     q.add_argument("--endpoint-url", help="s3:// RESULTS: the S3 endpoint (default: AWS's)")
     q.set_defaults(run=run)
@@ -17,6 +20,6 @@ def add_parser(sub, common) -> None:
 def run(args) -> int:
     from segserve.bench.results.query import query, render
 
-    rows, columns = query(args.results, args.where, args.sort, args.limit, args.endpoint_url)
-    print(render(rows, columns, args.format, args.where, args.sort))
+    rows, columns = query(args.results, args.where, args.sort, args.limit, args.endpoint_url, args.pipelines)
+    print(render(rows, columns, args.format, args.where, args.sort, args.pipelines))
     return 0

@@ -51,11 +51,11 @@ def test_s3_gets_the_whole_folder_once_and_a_rerun_finishes_an_interrupted_uploa
     s3.create_bucket(Bucket="results-a")
     dest = "s3://results-a/team"
     assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
-    assert "7 object(s) sent, 0 already there" in capsys.readouterr().out
+    assert "8 object(s) sent, 0 already there" in capsys.readouterr().out
     local = {f"team/quick/20261201T000000Z/{p.relative_to(folder).as_posix()}": p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     sent = objects(s3, "results-a", "team/")
     exported = [json.loads(line) for line in sent.pop("team/quick/20261201T000000Z/metrics.jsonl").decode().splitlines()]
-    assert sent == local
+    assert sent == local and "team/quick/20261201T000000Z/pipelines.jsonl" in sent
     assert len(exported) == len(samples(folder))
     node = next(x for x in exported if x["metric"] == "node_queue_ms" and x["node"] == "seg_jpeg__seg" and x["run_id"] == "seg_jpeg-aaaa")
     assert node["value"] == 5.0 and node["unit"] == "Milliseconds" and node["suite"] == "quick"
@@ -69,7 +69,7 @@ def test_s3_gets_the_whole_folder_once_and_a_rerun_finishes_an_interrupted_uploa
     (folder / "summary.csv").write_text("changed\n")
     local["team/quick/20261201T000000Z/summary.csv"] = b"changed\n"
     assert main(["export", str(folder), dest, "--endpoint-url", aws]) == 0
-    assert "3 object(s) sent, 4 already there" in capsys.readouterr().out
+    assert "3 object(s) sent, 5 already there" in capsys.readouterr().out
     sent = objects(s3, "results-a", "team/")
     sent.pop("team/quick/20261201T000000Z/metrics.jsonl")
     assert sent == local
@@ -83,6 +83,8 @@ def test_cloudwatch_gets_every_point_and_node_metric(aws, folder, capsys):
     cloudwatch = boto3.client("cloudwatch", endpoint_url=aws)
     names = {m["MetricName"] for m in cloudwatch.list_metrics(Namespace="segserve-test")["Metrics"]}
     assert {"throughput_rps", "latency_p99_ms", "node_node_ms", "node_queue_ms", "node_handler_ms_per_request", "node_cpu_pct"} <= names
+    assert {"pipeline_ratio_shared", "pipeline_shared_bound_rps", "pipeline_ratio_disjoint_ci_low"} <= names
+    assert "pipeline_ratio_disjoint" not in names  # withheld as uncertain: no number to send
     dimensions = [
         {"Name": "suite", "Value": "quick"},
         {"Name": "target", "Value": "seg_jpeg"},
@@ -110,11 +112,23 @@ def test_cloudwatch_gets_every_point_and_node_metric(aws, folder, capsys):
                 "Stat": "Maximum",
             },
         },
+        {
+            "Id": "p",
+            "MetricStat": {
+                "Metric": {
+                    "Namespace": "segserve-test",
+                    "MetricName": "pipeline_ratio_shared",
+                    "Dimensions": [{"Name": "suite", "Value": "quick"}, {"Name": "pipeline", "Value": "seg_jpeg"}],
+                },
+                "Period": 60,
+                "Stat": "Maximum",
+            },
+        },
     ]
     now = time.time()
     answer = cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=now - 600, EndTime=now + 600)
     values = {r["Id"]: r["Values"] for r in answer["MetricDataResults"]}
-    assert values == {"t": [75.0], "n": [20.0]}
+    assert values == {"t": [75.0], "n": [20.0], "p": [1.0]}
 
 
 def test_pushgateway_gets_the_same_metrics_grouped_by_suite_and_run(pushgateway, folder, capsys):
@@ -126,6 +140,8 @@ def test_pushgateway_gets_the_same_metrics_grouped_by_suite_and_run(pushgateway,
     line = next(line for line in lines if 'run_id="seg_jpeg-bbbb"' in line)
     assert 'suite="quick"' in line and 'run="20261201T000000Z"' in line and 'batch_size="8"' in line and line.endswith(" 75")
     assert any(line.startswith("segserve_node_queue_ms{") and 'node="seg_jpeg__jpeg"' in line for line in text.splitlines())
+    (ratio,) = [line for line in text.splitlines() if line.startswith("segserve_pipeline_ratio_shared{")]
+    assert 'pipeline="seg_jpeg"' in ratio and 'run="20261201T000000Z"' in ratio and ratio.endswith(" 1")
 
 
 @pytest.mark.parametrize(
@@ -168,6 +184,10 @@ def test_query_reads_runs_exported_to_s3(aws, folder, tmp_path, capsys):
         ("grid", "20261202T000000Z", "seg_jpeg-bbbb"),
         ("quick", "20261201T000000Z", "seg_jpeg-bbbb"),
     ]
+    # each run's pipelines.jsonl came down with its summary
+    assert main([*args[:5], "--pipelines", "--where", "ratio_shared>=1", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert sorted((r["suite"], r["pipeline"], r["ratio_shared"]) for r in rows) == [("grid", "seg_jpeg", 1.0), ("quick", "seg_jpeg", 1.0)]
     assert main(["results", "query", "s3://results-q/nothing-here", "--endpoint-url", aws]) == 2
     assert "no exported run" in capsys.readouterr().err
 

@@ -21,6 +21,8 @@ import torch
 import yaml
 
 from segserve.bench.results import manifest_check
+from segserve.bench.results.render import render_table
+from segserve.bench.results.store import read_pipelines
 from segserve.cli import main
 from tests.integration.test_export import aws  # noqa: F401 (the fixture: moto's S3 on loopback)
 
@@ -187,6 +189,13 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
     report = (folder / "report.md").read_text()
     efficiency = report.split("## Pipeline efficiency")[1].split("\n## ")[0]
     assert re.search(r"\| pipeline \| [\d.]+ \| pipeline-tiny [\d.]+, pipeline-encode [\d.]+ \|", efficiency), efficiency
+    # the same row as data (pipelines.jsonl): its every cell, the ratios (or their uncertain notes) among them, is the report's
+    (pipeline,) = read_pipelines(folder)
+    assert pipeline["pipeline"] == "pipeline" and pipeline["shared_bound_rps"] > 0
+    assert pipeline["ratio_shared"] is not None or pipeline["ratio_shared_uncertain"], pipeline
+    assert render_table([pipeline]).splitlines()[-1] in efficiency.splitlines(), (pipeline, efficiency)
+    assert main(["results", "query", str(folder), "--pipelines", "--where", "pipeline=pipeline", "--format", "json"]) == 0
+    assert [row["ratio_disjoint_ci_low"] for row in json.loads(capsys.readouterr().out)] == [pipeline["ratio_disjoint_ci_low"]]
     assert digests(user_archives) == before  # the user's files are never changed
     # best/: the workflow's best point (a pipeline is preferred to models), as management calls and its spec
     best = max((r for r in rows if r["target"] == "pipeline"), key=lambda r: r["throughput_rps"])

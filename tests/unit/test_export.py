@@ -10,6 +10,8 @@ import urllib.request
 
 import pytest
 
+from segserve.bench.results.export import samples
+from segserve.bench.results.store import write_pipelines
 from segserve.cli import main
 from segserve.serving.ts_config import free_port
 
@@ -65,6 +67,34 @@ def record(run_id: str, batch_size: int, rps: float) -> dict:
     }
 
 
+# seg_jpeg's row of the efficiency table: its ratio to the disjoint bound withheld as uncertain (its interval is known)
+PIPELINE_ROW = {
+    "pipeline": "seg_jpeg",
+    "pipeline_rps": 75.0,
+    "members": "seg 100.0, jpeg 300.0",
+    "seg_rps": 100.0,
+    "jpeg_rps": 300.0,
+    "shared_bound_rps": 75.0,
+    "disturbed": False,
+    "ratio_shared": 1.0,
+    "ratio_shared_ci_low": 0.97,
+    "ratio_shared_ci_high": 1.03,
+    "disjoint_bound_rps": 100.0,
+    "ratio_disjoint": None,
+    "ratio_disjoint_ci_low": 0.5,
+    "ratio_disjoint_ci_high": 0.95,
+    "bare_rps": None,
+    "ratio_bare": None,
+    "ratio_bare_ci_low": None,
+    "ratio_bare_ci_high": None,
+    "bare_batch_size": None,
+    "bare_threads": None,
+    "ratio_shared_uncertain": None,
+    "ratio_disjoint_uncertain": "uncertain (0.5–0.95): the pipeline or a member was disturbed",
+    "ratio_bare_uncertain": None,
+}
+
+
 @pytest.fixture
 def folder(tmp_path):
     """A result folder as `segserve bench` leaves it (results/<suite>/<timestamp>/)."""
@@ -77,6 +107,7 @@ def folder(tmp_path):
     (out / "summary.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (out / "summary.csv").write_text("run_id,target,workers,batch_size,throughput_rps\n")
     (out / "report.md").write_text("# Benchmark report: quick\n")
+    write_pipelines(out, [PIPELINE_ROW])
     (out / "plots" / "p.png").write_bytes(b"\x89PNG\r\n\x1a\nfake")
     return out
 
@@ -109,3 +140,22 @@ def test_a_destination_failing_after_the_suite_keeps_the_results_and_says_how_to
         f"export s3://bucket/prefix failed (connection reset); the results are complete in {tmp_path}; finish with:",
         f"  segserve export {tmp_path} s3://bucket/prefix",
     ]
+
+
+def test_the_samples_carry_each_pipelines_bounds_and_ratios_but_no_withheld_ratio(folder):
+    found = {x.metric: x for x in samples(folder) if x.metric.startswith("pipeline_")}
+    assert {name: x.value for name, x in found.items()} == {
+        "pipeline_rps": 75.0,
+        "pipeline_shared_bound_rps": 75.0,
+        "pipeline_disjoint_bound_rps": 100.0,
+        "pipeline_ratio_shared": 1.0,
+        "pipeline_ratio_shared_ci_low": 0.97,
+        "pipeline_ratio_shared_ci_high": 1.03,
+        "pipeline_ratio_disjoint_ci_low": 0.5,  # the ratio itself is uncertain, so not sent; its interval is
+        "pipeline_ratio_disjoint_ci_high": 0.95,
+    }
+    assert found["pipeline_ratio_shared"].labels == {"suite": "quick", "pipeline": "seg_jpeg"}
+    assert found["pipeline_ratio_shared"].unit is None and found["pipeline_shared_bound_rps"].unit == "Count/Second"
+    # a folder from before pipelines.jsonl: the points' samples only
+    (folder / "pipelines.jsonl").unlink()
+    assert samples(folder) and not [x for x in samples(folder) if "pipeline" in x.labels]

@@ -90,3 +90,51 @@ def test_bad_queries_are_refused_in_one_line(results, capsys, args, message):
 def test_a_folder_without_results_is_refused(tmp_path, capsys):
     assert main(["results", "query", str(tmp_path)]) == 2
     assert "no result folder (summary.jsonl) in it" in capsys.readouterr().err
+
+
+def pipeline_row(name: str, rps: float, ratio_shared: float | None, note: str | None = None) -> dict:
+    """A row of the efficiency table as pipelines.jsonl holds it (members seg 100 and jpeg 300: shared bound 75)."""
+    return {
+        "pipeline": name,
+        "pipeline_rps": rps,
+        "members": "seg 100.0, jpeg 300.0",
+        "seg_rps": 100.0,
+        "jpeg_rps": 300.0,
+        "shared_bound_rps": 75.0,
+        "disturbed": False,
+        "ratio_shared": ratio_shared,
+        "ratio_shared_ci_low": None if ratio_shared is None else ratio_shared * 0.95,
+        "ratio_shared_ci_high": None if ratio_shared is None else ratio_shared * 1.05,
+        "ratio_shared_uncertain": note,
+    }
+
+
+def test_pipelines_rows_are_filtered_and_sorted_like_points(results, capsys):
+    from segserve.bench.results.store import write_pipelines
+
+    write_pipelines(
+        results / "quick" / "20261130T100000Z",
+        [
+            pipeline_row("seg_jpeg", 60.0, 0.8),
+            pipeline_row("seg_jpeg_fused", 95.0, 1.27),
+            pipeline_row("seg_fanout", 70.0, None, "uncertain (0.8–1.3): too few windows"),
+        ],
+    )
+    # the grid run has no pipelines.jsonl (written before it existed): no rows, not an error
+    rows = run_json(capsys, str(results), "--pipelines", "--where", "ratio_shared>1")
+    assert [(r["pipeline"], r["suite"], r["timestamp"], r["ratio_shared_ci_low"]) for r in rows] == [
+        ("seg_jpeg_fused", "quick", "20261130T100000Z", pytest.approx(1.2065))
+    ]
+    rows = run_json(capsys, str(results), "--pipelines", "--sort", "-ratio_shared")
+    assert [r["pipeline"] for r in rows] == ["seg_jpeg_fused", "seg_jpeg", "seg_fanout"]  # the withheld ratio last
+    # the table shows the pipeline's columns, and a withheld ratio's note in its place
+    assert main(["results", "query", str(results), "--pipelines", "--where", "pipeline=seg_fanout"]) == 0
+    table = capsys.readouterr().out
+    assert "| suite | timestamp | pipeline | pipeline_rps | members | shared_bound_rps | ratio_shared |" in table
+    assert "| quick | 20261130T100000Z | seg_fanout | 70.0 | seg 100.0, jpeg 300.0 | 75.0 | uncertain (0.8–1.3): too few windows |" in table
+
+
+def test_runs_without_pipelines_give_no_pipeline_row(results, capsys):
+    assert run_json(capsys, str(results), "--pipelines", "--where", "ratio_shared>1") == []
+    assert main(["results", "query", str(results / "grid"), "--pipelines"]) == 0
+    assert "no pipeline row: a run has one only where it measured a DAG target and each of its members" in capsys.readouterr().out

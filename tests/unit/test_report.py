@@ -10,8 +10,8 @@ from segserve.bench.results.compare import CompareRun, compare
 from segserve.bench.results.plots import pareto_front
 from segserve.bench.results.render import render_table
 from segserve.bench.results.report import write_report
-from segserve.bench.results.sinks import FinishedRun, Plots
-from segserve.bench.results.store import IDENTITY_KEYS, read_summary, write_summary
+from segserve.bench.results.sinks import FinishedRun, Plots, Summary
+from segserve.bench.results.store import IDENTITY_KEYS, read_pipelines, read_summary, write_summary
 from segserve.bench.suite.columns import BASE_COLUMNS, EXTRA_COLUMNS
 from segserve.bench.suite.spec import Suite
 
@@ -263,6 +263,23 @@ def test_summary_jsonl_is_one_json_object_per_line(tmp_path, records):
     write_summary(tmp_path, records, [])
     lines = (tmp_path / "summary.jsonl").read_text().splitlines()
     assert [json.loads(line)["run_id"] for line in lines] == [r["run_id"] for r in records]
+
+
+def test_the_summary_sink_writes_the_efficiency_table_to_pipelines_jsonl_key_for_key(tmp_path, records):
+    records[3]["disturbed"] = True  # wf-8, seg_jpeg's best: its ratios are withheld as uncertain, with a note
+    analysis = analyse(records, P99_MAX, "throughput_rps", BARE, PIPELINES)
+    suite = Suite(name="quick", targets=["seg"], inputs=[{"images": ["x"]}])
+    Summary().finish(FinishedRun(tmp_path, suite, records, [], BARE, analysis, {}))
+    rows = read_pipelines(tmp_path)
+    assert rows == analysis.efficiency and [list(r) for r in rows] == [list(r) for r in analysis.efficiency]
+    by_name = {r["pipeline"]: r for r in rows}
+    assert by_name["seg_jpeg"]["ratio_shared"] is None and "disturbed" in by_name["seg_jpeg"]["ratio_shared_uncertain"]
+    assert by_name["seg_jpeg_fused"]["ratio_shared"] == pytest.approx(50 / 75) and by_name["seg_jpeg_fused"]["jpeg_rps"] == 300.0
+    # a run without pipelines writes an empty file; a folder from before pipelines.jsonl has no pipeline rows
+    Summary().finish(FinishedRun(tmp_path, suite, records, [], BARE, analyse(records, P99_MAX, "throughput_rps", BARE, {}), {}))
+    assert (tmp_path / "pipelines.jsonl").read_text() == "" and read_pipelines(tmp_path) == []
+    (tmp_path / "pipelines.jsonl").unlink()
+    assert read_pipelines(tmp_path) == [] and len(read_summary(tmp_path)) == len(records)
 
 
 def test_served_vs_bare_gives_the_best_batch_per_thread_count_against_the_matching_bare_entry():

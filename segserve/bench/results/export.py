@@ -9,7 +9,8 @@
 - `pushgateway://host:port`: the same metrics as Prometheus gauges (prometheus-client), grouped by suite
   and run.
 
-Every destination also gets the per-node time breakdown (node time, queue, handler time, CPU) as metrics.
+Every destination also gets the per-node time breakdown (node time, queue, handler time, CPU) and each
+pipeline's efficiency (pipelines.jsonl: its rate, its members' bounds, the ratios and their intervals) as metrics.
 A destination is checked (credentials, bucket, namespace, reachability) before a suite measures anything.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from segserve.archives.s3 import aws_call
 from segserve.bench.results.analysis import node_times
-from segserve.bench.results.store import IDENTITY_KEYS, read_runs
+from segserve.bench.results.store import IDENTITY_KEYS, read_pipelines, read_runs
 from segserve.bench.suite.columns import BASE_COLUMNS, EXTRA_COLUMNS, METRICS
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -32,6 +33,22 @@ METRICS_OBJECT = "metrics.jsonl"  # S3: every exported sample, one JSON object p
 PARAM_COLUMNS = ("workers", "batch_size", "max_batch_delay_ms", "concurrency", "request_rate_rps")  # in BASE_COLUMNS
 NODE_METRICS = ("node_ms", "queue_ms", "handler_ms_per_request", "cpu_pct")
 NODE_UNITS = {"node_ms": "Milliseconds", "queue_ms": "Milliseconds", "handler_ms_per_request": "Milliseconds", "cpu_pct": "Percent"}
+# each pipeline's row of the efficiency table (pipelines.jsonl) as metrics: name → (its key in the row, unit, what it
+# is); a ratio withheld as uncertain has no value and is not sent, its interval is
+PIPELINE_METRICS = {
+    "pipeline_rps": ("pipeline_rps", "Count/Second", "the pipeline's best throughput under the constraints"),
+    "pipeline_shared_bound_rps": ("shared_bound_rps", "Count/Second", "what its members allow on shared CPUs: 1/sum(1/member_rps)"),
+    "pipeline_disjoint_bound_rps": ("disjoint_bound_rps", "Count/Second", "what its members allow on disjoint CPUs: min(member_rps)"),
+    "pipeline_ratio_shared": ("ratio_shared", None, "pipeline_rps / shared bound"),
+    "pipeline_ratio_shared_ci_low": ("ratio_shared_ci_low", None, "ratio_shared: low end of its 95% interval"),
+    "pipeline_ratio_shared_ci_high": ("ratio_shared_ci_high", None, "ratio_shared: high end of its 95% interval"),
+    "pipeline_ratio_disjoint": ("ratio_disjoint", None, "pipeline_rps / disjoint bound"),
+    "pipeline_ratio_disjoint_ci_low": ("ratio_disjoint_ci_low", None, "ratio_disjoint: low end of its 95% interval"),
+    "pipeline_ratio_disjoint_ci_high": ("ratio_disjoint_ci_high", None, "ratio_disjoint: high end of its 95% interval"),
+    "pipeline_ratio_bare": ("ratio_bare", None, "pipeline_rps / the bare forward's throughput"),
+    "pipeline_ratio_bare_ci_low": ("ratio_bare_ci_low", None, "ratio_bare: low end of its 95% interval"),
+    "pipeline_ratio_bare_ci_high": ("ratio_bare_ci_high", None, "ratio_bare: high end of its 95% interval"),
+}
 
 
 @dataclass(frozen=True)
@@ -46,7 +63,7 @@ class Sample:
 
 def samples(folder: Path) -> list[Sample]:
     """Every point's metrics (METRICS) and its nodes' times, labelled with the suite, target, run id and the
-    parameters the suite sweeps."""
+    parameters the suite sweeps; then each pipeline's efficiency (pipeline_samples)."""
     records = list(read_runs(folder).values())
     suite = folder.parent.name
     fixed = set(BASE_COLUMNS) | set(EXTRA_COLUMNS) | set(IDENTITY_KEYS)
@@ -61,13 +78,30 @@ def samples(folder: Path) -> list[Sample]:
         labels |= {name: str(record.get(name)) for name in swept if record.get(name) is not None}
         for tag, metric in METRICS.items():
             value = record.get(tag)
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            if _is_number(value):
                 out.append(Sample(tag, float(value), labels, CLOUDWATCH_UNITS.get(metric.unit)))
         for node, times in node_times(record).items():
             for tag in NODE_METRICS:
                 if times.get(tag) is not None:
                     out.append(Sample(f"node_{tag}", float(times[tag]), {**labels, "node": node}, NODE_UNITS[tag]))
+    return out + pipeline_samples(folder)
+
+
+def pipeline_samples(folder: Path) -> list[Sample]:
+    """Each pipeline's numbers of the efficiency table (PIPELINE_METRICS), labelled with the suite and the
+    pipeline; only those it has (a folder without pipelines.jsonl has none)."""
+    out = []
+    for row in read_pipelines(folder):
+        labels = {"suite": folder.parent.name, "pipeline": row["pipeline"]}
+        for metric, (key, unit, _) in PIPELINE_METRICS.items():
+            value = row.get(key)
+            if _is_number(value):
+                out.append(Sample(metric, float(value), labels, unit))
     return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _swept(folder: Path, fixed: set[str]) -> set[str]:
@@ -169,7 +203,7 @@ class Pushgateway:
         names = {s.metric: sorted({k for x in found if x.metric == s.metric for k in x.labels if k != "suite"}) for s in found}
         for sample in found:
             if sample.metric not in gauges:
-                description = METRICS[sample.metric].description if sample.metric in METRICS else f"per node: {sample.metric}"
+                description = _description(sample.metric)
                 gauges[sample.metric] = Gauge(f"segserve_{sample.metric}", description, names[sample.metric], registry=registry)
             values = {name: sample.labels.get(name, "") for name in names[sample.metric]}
             gauges[sample.metric].labels(**values).set(sample.value)
@@ -179,6 +213,14 @@ class Pushgateway:
         except OSError as error:
             raise RuntimeFailure(f"{self.dest}: {error}") from None
         return f"{len(found)} sample(s) in {len(gauges)} gauge(s), group suite={grouping['suite']} run={grouping['run']}"
+
+
+def _description(metric: str) -> str:
+    if metric in METRICS:
+        return METRICS[metric].description
+    if metric in PIPELINE_METRICS:
+        return PIPELINE_METRICS[metric][2]
+    return f"per node: {metric}"
 
 
 def destination(dest: str, endpoint_url: str | None = None):
@@ -207,20 +249,25 @@ def export(folder: Path, dests: list[str], endpoint_url: str | None = None, log=
 
 
 def download_summaries(url: str, into: Path, endpoint_url: str | None = None) -> list[Path]:
-    """The summary.jsonl of every run under an s3:// prefix (as exported: <prefix>/<suite>/<timestamp>/), each
-    in into/<suite>/<timestamp>/, so that a query reads them as result folders."""
+    """The summary.jsonl (and pipelines.jsonl, where the run has one) of every run under an s3:// prefix (as
+    exported: <prefix>/<suite>/<timestamp>/), each in into/<suite>/<timestamp>/, so that a query reads them as
+    result folders."""
     from segserve.archives.s3 import S3Prefix
 
     store = S3Prefix(url, endpoint_url, "results query")
     store.check()
     folders = []
-    for key, etag in store.etags().items():
+    etags = store.etags()
+    for key, etag in etags.items():
         parts = key.split("/")
         if not key.endswith("/summary.jsonl") or len(parts) < 3:
             continue
         folder = into / parts[-3] / parts[-2]
         folder.mkdir(parents=True, exist_ok=True)
         store.get_verified(key, etag, folder / "summary.jsonl")
+        pipelines_key = key.removesuffix("summary.jsonl") + "pipelines.jsonl"
+        if pipelines_key in etags:  # a run exported before pipelines.jsonl existed has none: no pipeline rows
+            store.get_verified(pipelines_key, etags[pipelines_key], folder / "pipelines.jsonl")
         folders.append(folder)
     if not folders:
         raise UsageError(f"{url}: no exported run (…/<suite>/<timestamp>/summary.jsonl) under this prefix")

@@ -1,5 +1,6 @@
 """`segserve results query RESULTS... --where 'latency_p99_ms<50' --sort -throughput_rps --limit 10`: one table
-of the rows of any number of result folders (their summary.jsonl), each row with the suite and timestamp of its
+of the rows of any number of result folders (their summary.jsonl: one row per point; with --pipelines their
+pipelines.jsonl: one row per pipeline of the efficiency table), each row with the suite and timestamp of its
 run, filtered, sorted and cut; as a table, CSV or JSON (a list of row objects)."""
 
 import csv
@@ -12,7 +13,7 @@ from pathlib import Path
 
 from segserve.archives.catalog import unknown
 from segserve.bench.results.render import render_table
-from segserve.bench.results.store import read_summary
+from segserve.bench.results.store import read_pipelines, read_summary
 from segserve.bench.suite.params import PARAMS
 from segserve.errors import UsageError
 
@@ -24,8 +25,8 @@ RUN_KEYS = ("suite", "timestamp")  # what each row gets from the folder it came 
 
 def result_folders(paths: list[str], downloads: Path | None = None, endpoint_url: str | None = None) -> list[Path]:
     """Result folders from the arguments: a folder with summary.jsonl, any folder above such folders (results/,
-    results/<suite>/), searched below, or an s3:// prefix that `--export` wrote to (its summaries are
-    downloaded into `downloads`)."""
+    results/<suite>/), searched below, or an s3:// prefix that `--export` wrote to (its summary.jsonl and
+    pipelines.jsonl files are downloaded into `downloads`)."""
     found = []
     for text in paths:
         path = Path(text)
@@ -46,14 +47,15 @@ def result_folders(paths: list[str], downloads: Path | None = None, endpoint_url
     return list(dict.fromkeys(found))
 
 
-def rows_of(folders: list[Path]) -> list[dict]:
-    """Each run's rows once: a run given twice (its local folder and its export to S3) is one run."""
+def rows_of(folders: list[Path], read=read_summary) -> list[dict]:
+    """Each run's rows (read: read_summary, or read_pipelines) once: a run given twice (its local folder and its
+    export to S3) is one run."""
     rows, seen = [], set()
     for folder in folders:
         suite, timestamp = folder.parent.name, folder.name  # results/<suite>/<timestamp>/
         if (suite, timestamp) not in seen:
             seen.add((suite, timestamp))
-            rows += [{"suite": suite, "timestamp": timestamp, **row} for row in read_summary(folder)]
+            rows += [{"suite": suite, "timestamp": timestamp, **row} for row in read(folder)]
     return rows
 
 
@@ -82,7 +84,7 @@ def parse_condition(text: str, columns: list[str]):
     if not match:
         raise UsageError(f"--where {text!r}: give COLUMN OP VALUE with OP one of {', '.join(OPERATORS)} (latency_p99_ms<50)")
     column, op, wanted = match.groups()
-    if column not in columns:
+    if columns and column not in columns:  # no rows at all (no run measured a pipeline): nothing to check against
         raise UsageError(f"--where {text!r}: {unknown_column(column, columns)}")
     compare, number = OPERATORS[op], _number(wanted)
 
@@ -100,17 +102,23 @@ def parse_condition(text: str, columns: list[str]):
 
 
 def query(
-    paths: list[str], where: list[str], sort: str | None, limit: int | None, endpoint_url: str | None = None
+    paths: list[str],
+    where: list[str],
+    sort: str | None,
+    limit: int | None,
+    endpoint_url: str | None = None,
+    pipelines: bool = False,
 ) -> tuple[list[dict], list[str]]:
-    """(the matching rows, their columns: suite and timestamp first, then every column in first-seen order)."""
+    """(the matching rows, their columns: suite and timestamp first, then every column in first-seen order);
+    the rows are the points (summary.jsonl), or with `pipelines` the efficiency table's rows (pipelines.jsonl)."""
     with tempfile.TemporaryDirectory(prefix="segserve-query-") as downloads:
-        rows = rows_of(result_folders(paths, Path(downloads), endpoint_url))
+        rows = rows_of(result_folders(paths, Path(downloads), endpoint_url), read_pipelines if pipelines else read_summary)
     columns = list(dict.fromkeys(key for row in rows for key in row))
     tests = [parse_condition(text, columns) for text in where]
     chosen = [row for row in rows if all(test(row) for test in tests)]
     if sort:
         column, descending = sort.lstrip("-+"), sort.startswith("-")
-        if column not in columns:
+        if columns and column not in columns:
             raise UsageError(f"--sort {sort!r}: {unknown_column(column, columns)}")
         present = [r for r in chosen if r.get(column) is not None]
         missing = [r for r in chosen if r.get(column) is None]  # last, whichever the direction
@@ -139,9 +147,22 @@ TABLE_COLUMNS = (
     "requests_failed",
     "error",
 )
+# the same for --pipelines: each pipeline's rate, its bounds and the ratios (a withheld ratio shows its note)
+PIPELINE_TABLE_COLUMNS = (
+    "suite",
+    "timestamp",
+    "pipeline",
+    "pipeline_rps",
+    "members",
+    "shared_bound_rps",
+    "ratio_shared",
+    "disjoint_bound_rps",
+    "ratio_disjoint",
+    "ratio_bare",
+)
 
 
-def render(rows: list[dict], columns: list[str], fmt: str, where: list[str], sort: str | None) -> str:
+def render(rows: list[dict], columns: list[str], fmt: str, where: list[str], sort: str | None, pipelines: bool = False) -> str:
     if fmt == "json":
         return json.dumps(rows, default=str)
     if fmt == "csv":
@@ -150,6 +171,8 @@ def render(rows: list[dict], columns: list[str], fmt: str, where: list[str], sor
         writer.writeheader()
         writer.writerows(rows)
         return out.getvalue().rstrip("\n")
+    if not rows and pipelines and not columns:  # not one pipeline in any folder: say where they come from
+        return "no pipeline row: a run has one only where it measured a DAG target and each of its members (the report's efficiency table)"
     named = [CONDITION.match(c).group(1) for c in where] + [(sort or "").lstrip("-+")]  # conditions parsed already
-    shown = [c for c in dict.fromkeys([*TABLE_COLUMNS, *named]) if c in columns]
+    shown = [c for c in dict.fromkeys([*(PIPELINE_TABLE_COLUMNS if pipelines else TABLE_COLUMNS), *named]) if c in columns]
     return render_table(rows, shown) if rows else "no row matches"

@@ -86,10 +86,25 @@ def write_report(
     search: dict | None = None,
 ) -> Path:
     """report.md with tables, flags and links to the PNG plots (plots/, written by the plots sink); returns its path."""
-    targets, winners = analysis.targets, analysis.winners
     params = [p for p in dict.fromkeys(swept) if p != "target"]
+    md = _environment_section(suite_name, environment, objective, constraints)
+    md += _best_section(analysis, params)
+    md += _search_section(search or {}, analysis)
+    md += _analysis_sections(analysis)
+    for target in analysis.targets:
+        md += _target_section(target, records, params, constraints, objective, analysis.winners[target])
+    md += _by_param_section(params)
+    md += _flags_section(records)
+    md += ["", "## Time outside measurement (reconfigure_s + warmup_s)", "", _time_outside(records, analysis.targets), ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def _environment_section(suite_name: str, environment: dict, objective: str, constraints: dict) -> list[str]:
+    """The title, the machine and versions, what the suite optimises and under which constraints."""
     env_rows = [{"key": k, "value": json.dumps(v) if isinstance(v, dict | list) else v} for k, v in environment.items()]
-    md = [
+    return [
         f"# Benchmark report: {suite_name}",
         "",
         "## Environment",
@@ -98,33 +113,39 @@ def write_report(
         "",
         f"**Objective:** {objective} ({METRICS[objective].unit}, {direction(objective)})  ",
         f"**Constraints:** {constraint_text(constraints)}",
-        "",
-        "## Best configuration",
-        "",
     ]
-    for target in targets:
-        winner = winners[target]
+
+
+def _best_section(analysis: Analysis, params: list[str]) -> list[str]:
+    """Each target's winner under the constraints, with the values of the swept parameters."""
+    lines = ["", "## Best configuration", ""]
+    for target in analysis.targets:
+        winner = analysis.winners[target]
         if winner is None:
-            md.append(f"- **{target}**: no point satisfied the constraints.")
+            lines.append(f"- **{target}**: no point satisfied the constraints.")
         else:
             settings = ", ".join(f"{p}={cell(winner.get(p))}" for p in params)
             metrics = ", ".join(f"{header(m)} {cell(winner.get(m))}" for m in ("throughput_rps", "latency_p99_ms"))
-            md.append(f"- **{target}**: `{winner.get('run_id')}` ({settings}): {metrics}")
+            lines.append(f"- **{target}**: `{winner.get('run_id')}` ({settings}): {metrics}")
+    return lines
 
-    md += _search_section(search or {}, analysis)
-    md += _table_section(
+
+def _analysis_sections(analysis: Analysis) -> list[str]:
+    """The computed tables across targets (load phases, served vs bare, side by side, pipeline efficiency, where
+    a pipeline request's time goes), each with what it means; a table without rows is left out."""
+    lines = _table_section(
         "## Load phases",
         analysis.phases,
         "Every point under the suite's load phases, one after the other: each phase's req/s (all its successful "
         "requests over its duration) and p99, then the whole run. Autoscaled points: the moves it made in each phase, "
         "the seconds from a phase's start to its first move, and its own CPU (% of one core).",
     )
-    md += _table_section(
+    lines += _table_section(
         "### The autoscaler against the static splits",
         analysis.autoscaler_vs_static,
         "Per phase and over the whole run: the best static split in that phase, the autoscaled point's rate and autoscaler ÷ best static.",
     )
-    md += _table_section(
+    lines += _table_section(
         "## Served model vs bare model",
         analysis.served_vs_bare,
         "The best `seg` point (first row), then the best batch size for each other thread count, against the network's "
@@ -132,7 +153,7 @@ def write_report(
         "after the point (the ratio uses it), `bare_end_rps` at the end of the suite (`bare.json`: median of interleaved "
         "slices, with their range). What TorchServe, decoding and batching cost on top of the compute.",
     )
-    md += _table_section(
+    lines += _table_section(
         "## Side by side: peer servers and segserve",
         analysis.side_by_side,
         "Each target's best point under the constraints, best first: throughput with its 95% interval (of the rounds' "
@@ -140,7 +161,7 @@ def write_report(
         "processes (a command target's: every process it started), and throughput ÷ the best of segserve's own "
         "targets as the ratio of their windows' medians, printed as a number only when its interval is within ±15%.",
     )
-    md += _table_section(
+    lines += _table_section(
         "## Pipeline efficiency",
         analysis.efficiency,
         "Each rate is the best point of its target under the constraints; `members` are the DAG's node models, each "
@@ -150,7 +171,7 @@ def write_report(
         "serving glue between its steps; ratio_bare compares it with the bare model's in-process forward throughput at "
         "the same batch size and threads, the compute limit.",
     )
-    md += _table_section(
+    lines += _table_section(
         "### Where a pipeline request's time goes (best point of each pipeline)",
         analysis.breakdown,
         "node_ms is TorchServe's own per-request mean (Prometheus `ts_inference_latency_microseconds`, per node): from "
@@ -161,49 +182,58 @@ def write_report(
         "the bytes between nodes) and the loopback network; a few ms below zero means none (the server's means also "
         "cover the warm-up). cpu_pct: that process's CPU use (% of one core).",
     )
+    return lines
 
-    for target in targets:
-        group = [r for r in records if r.get("target") == target]
-        measured, failed = [r for r in group if not r.get("error")], [r for r in group if r.get("error")]
-        # optimised points: accuracy and load time beside the throughput
-        metrics = TABLE_METRICS + [m for m in ACCURACY_METRICS if any(r.get(m) is not None for r in measured)]
-        columns = ["status", "run_id", *params, *(header(m) for m in metrics)]
-        plot = plot_name("throughput_vs_p99", target)
-        table = [
-            {
-                "status": status(r, winners[target], constraints),
-                **{p: r.get(p) for p in ["run_id", *params]},
-                **{header(m): exact(r.get(m)) if m in ("iou", "agreement") else r.get(m) for m in metrics},
-            }
-            for r in sorted_best_first(measured, objective)
-        ]
-        md += [
-            "",
-            f"## {target}",
-            "",
-            f"Sorted best first by {objective}.",
-            "",
-            render_table(table, columns),
-            "",
-            f"![{target}: throughput vs p99](plots/{plot})",
-        ]
-        if failed:
-            md += ["", "Failed points:", "", *(f"- `{r.get('run_id')}`: {cell(r['error'])}" for r in failed)]
-        inaccurate = [r for r in measured if r.get("valid") is False]
-        if inaccurate:
-            md += [
-                "",
-                "Invalid points (accuracy gate):",
-                "",
-                *(f"- `{r.get('run_id')}`: {cell(r.get('invalid_reason'))}" for r in inaccurate),
-            ]
 
-    if params:
-        md += ["", "## Throughput by parameter", ""]
+def _target_section(target: str, records: list[dict], params: list[str], constraints: dict, objective: str, winner) -> list[str]:
+    """One target's points, best first, with its plot; then its failed points and those the accuracy gate refused."""
+    group = [r for r in records if r.get("target") == target]
+    measured, failed = [r for r in group if not r.get("error")], [r for r in group if r.get("error")]
+    # optimised points: accuracy and load time beside the throughput
+    metrics = TABLE_METRICS + [m for m in ACCURACY_METRICS if any(r.get(m) is not None for r in measured)]
+    columns = ["status", "run_id", *params, *(header(m) for m in metrics)]
+    plot = plot_name("throughput_vs_p99", target)
+    table = [
+        {
+            "status": status(r, winner, constraints),
+            **{p: r.get(p) for p in ["run_id", *params]},
+            **{header(m): exact(r.get(m)) if m in ("iou", "agreement") else r.get(m) for m in metrics},
+        }
+        for r in sorted_best_first(measured, objective)
+    ]
+    lines = [
+        "",
+        f"## {target}",
+        "",
+        f"Sorted best first by {objective}.",
+        "",
+        render_table(table, columns),
+        "",
+        f"![{target}: throughput vs p99](plots/{plot})",
+    ]
+    if failed:
+        lines += ["", "Failed points:", "", *(f"- `{r.get('run_id')}`: {cell(r['error'])}" for r in failed)]
+    inaccurate = [r for r in measured if r.get("valid") is False]
+    if inaccurate:
+        lines += [
+            "",
+            "Invalid points (accuracy gate):",
+            "",
+            *(f"- `{r.get('run_id')}`: {cell(r.get('invalid_reason'))}" for r in inaccurate),
+        ]
+    return lines
+
+
+def _by_param_section(params: list[str]) -> list[str]:
+    """Links to the best throughput by each swept parameter (plots/)."""
+    lines = ["", "## Throughput by parameter", ""] if params else []
     for param in params:
-        plot = plot_name("throughput_by", param)
-        md += [f"![throughput by {param}](plots/{plot})", ""]
+        lines += [f"![throughput by {param}](plots/{plot_name('throughput_by', param)})", ""]
+    return lines
 
+
+def _flags_section(records: list[dict]) -> list[str]:
+    """The points whose numbers need care: not stable, disturbed (served or bare), the load generator saturated."""
     unstable = [f"`{r.get('run_id')}`" for r in records if r.get("stable") is False]
     disturbed = [
         f"`{r.get('run_id')}` (others took {cell(r.get('others_cpu_pct'))}% of the machine)" for r in records if r.get("disturbed")
@@ -214,7 +244,7 @@ def write_report(
         if r.get("bare_disturbed")
     ]
     saturated = [f"`{r.get('run_id')}`" for r in records if r.get("client_saturated") is True]
-    md += [
+    return [
         "",
         "## Flags",
         "",
@@ -224,12 +254,4 @@ def write_report(
         "- Bare forward disturbed (others took more than `max_others_share` in too many of its slices, measured again "
         f"up to `max_windows` more; its served ÷ bare ratio is printed as uncertain): {', '.join(bare_disturbed) or 'none'}",
         f"- Load generator saturated (its numbers understate the server): {', '.join(saturated) or 'none'}",
-        "",
-        "## Time outside measurement (reconfigure_s + warmup_s)",
-        "",
-        _time_outside(records, targets),
-        "",
     ]
-    path = out_dir / "report.md"
-    path.write_text("\n".join(md))
-    return path

@@ -18,7 +18,7 @@ from segserve.bench.results.manifests import served_foreign, served_fused, write
 from segserve.bench.results.plots import plot_by_param, plot_name, plot_pareto
 from segserve.bench.results.render import terminal_summary
 from segserve.bench.results.report import write_report
-from segserve.bench.results.store import write_summary
+from segserve.bench.results.store import write_pipelines, write_summary
 from segserve.bench.suite.columns import Record
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
@@ -70,8 +70,12 @@ class RunsFolder(Sink):
 
 
 class Summary(Sink):
+    """The machine-readable tables: summary.csv and summary.jsonl (one row per point), pipelines.jsonl (one row
+    per pipeline of the report's efficiency table)."""
+
     def finish(self, run: FinishedRun) -> None:
         write_summary(run.out_dir, run.records, run.swept)
+        write_pipelines(run.out_dir, run.analysis.efficiency)
 
 
 class Report(Sink):

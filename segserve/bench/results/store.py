@@ -1,4 +1,5 @@
-"""Result folders on disk: summary.csv / summary.jsonl (one row per point) and the per-point run JSONs.
+"""Result folders on disk: summary.csv / summary.jsonl (one row per point), pipelines.jsonl (one row per pipeline
+of the efficiency table) and the per-point run JSONs.
 
 The one reader of results: the report, `bench compare`, `pin --plan-from` and the sinks go through it.
 """
@@ -28,9 +29,12 @@ def write_summary(out_dir: Path, records: list[dict], swept: list[str]) -> None:
         writer.writerows(records)  # the csv module writes None as an empty cell
     with open(out_dir / "summary.jsonl", "w") as f:
         for record in records:
-            row = {c: record.get(c) for c in [*columns, *IDENTITY_KEYS]}
-            # numpy scalars may slip into records; a crash here would lose a finished benchmark
-            f.write(json.dumps(row, default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n")
+            f.write(_json_line({c: record.get(c) for c in [*columns, *IDENTITY_KEYS]}))
+
+
+def _json_line(row: dict) -> str:
+    # numpy scalars may slip into records; a crash here would lose a finished benchmark
+    return json.dumps(row, default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"
 
 
 def read_summary(result_dir: Path) -> list[dict]:
@@ -41,6 +45,20 @@ def read_summary(result_dir: Path) -> list[dict]:
             f"{path}: no summary.jsonl here; pass a results folder written by `segserve bench` (results/<suite>/<timestamp>/)"
         )
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_pipelines(out_dir: Path, rows: list[dict]) -> None:
+    """pipelines.jsonl: the efficiency table's rows (Analysis.efficiency) with every key as it is: the bounds,
+    the ratios, their intervals and the notes of those withheld as uncertain. Written also when empty, so that
+    a run without pipelines is told apart from one older than this file."""
+    with open(out_dir / "pipelines.jsonl", "w") as f:
+        f.writelines(_json_line(row) for row in rows)
+
+
+def read_pipelines(result_dir: Path) -> list[dict]:
+    """The rows of a results folder's pipelines.jsonl; none where it has no such file (a run from before it)."""
+    path = Path(result_dir) / "pipelines.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def read_runs(out_dir: Path) -> dict[str, dict]:
