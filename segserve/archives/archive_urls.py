@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from segserve.archives.s3 import md5_hex
+from segserve.archives.s3_prefix import md5_hex
 from segserve.errors import RuntimeFailure
 
 REMOTE_SCHEMES = ("s3", "http", "https")

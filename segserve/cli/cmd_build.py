@@ -23,7 +23,7 @@ def run(args) -> int:
     if args.model_store.startswith("s3://"):
         raise UsageError("build --model-store is a local folder; send it to S3 with --upload s3://bucket/prefix")
     if args.upload:  # checked before building, not after
-        from segserve.archives.s3 import S3Prefix
+        from segserve.archives.s3_prefix import S3Prefix
 
         S3Prefix(args.upload, args.endpoint_url, "--upload").check()
     build(

@@ -130,6 +130,11 @@ RULES: list[tuple[str, str, str]] = [
         "tests/system/test_study_postgres.py::test_two_bench_processes_share_one_study_and_collect_writes_it",
     ),
     (
+        r"segserve results query .*--pipelines",
+        "test",
+        "tests/unit/test_query.py::test_pipelines_rows_are_filtered_and_sorted_like_points",
+    ),
+    (
         r"segserve results query",
         "test",
         "tests/unit/test_query.py::test_rows_of_every_run_filtered_and_sorted_with_their_suite_and_timestamp",

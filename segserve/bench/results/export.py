@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from segserve.archives.s3 import aws_call
+from segserve.archives.s3_prefix import aws_call
 from segserve.bench.results.analysis import node_times
 from segserve.bench.results.store import IDENTITY_KEYS, read_pipelines, read_runs
 from segserve.bench.suite.columns import BASE_COLUMNS, EXTRA_COLUMNS, METRICS
@@ -115,7 +115,7 @@ def _swept(folder: Path, fixed: set[str]) -> set[str]:
 
 class S3:
     def __init__(self, dest: str, endpoint_url: str | None):
-        from segserve.archives.s3 import S3Prefix
+        from segserve.archives.s3_prefix import S3Prefix
 
         self.dest = dest
         self.store = S3Prefix(dest, endpoint_url)
@@ -252,7 +252,7 @@ def download_summaries(url: str, into: Path, endpoint_url: str | None = None) ->
     """The summary.jsonl (and pipelines.jsonl, where the run has one) of every run under an s3:// prefix (as
     exported: <prefix>/<suite>/<timestamp>/), each in into/<suite>/<timestamp>/, so that a query reads them as
     result folders."""
-    from segserve.archives.s3 import S3Prefix
+    from segserve.archives.s3_prefix import S3Prefix
 
     store = S3Prefix(url, endpoint_url, "results query")
     store.check()
