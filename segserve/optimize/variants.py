@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from segserve.bench.run.measure import run_accuracy
+from segserve.bench.run.bare_forward import run_accuracy
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import cpu_identity, int8_shortfall
 

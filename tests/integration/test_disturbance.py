@@ -63,7 +63,7 @@ def test_no_share_before_the_samples_cover_the_span():
 def test_a_bare_forward_beside_busy_cores_is_flagged_disturbed_not_reported_clean(tiny_weights):
     import os
 
-    from segserve.bench.run.measure import run_bare
+    from segserve.bench.run.bare_forward import run_bare
 
     # the bare forward on one thread, every other core burnt: others take ≥ half the machine in every slice
     burners = [burner(20.0) for _ in range(max(len(os.sched_getaffinity(0)) - 1, 1))]

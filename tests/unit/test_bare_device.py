@@ -11,7 +11,7 @@ import torch
 
 from segserve.archives.catalog import Catalog
 from segserve.bench.run import runner
-from segserve.bench.run.measure import bare_command
+from segserve.bench.run.bare_forward import bare_command
 from segserve.bench.suite.spec import LoadSettings
 from tests.conftest import ROOT
 

@@ -14,8 +14,9 @@ from segserve.autoscale.loop import Autoscaler, InBackground, reactions, target_
 from segserve.autoscale.rules import Policy
 from segserve.bench.results.analysis import bare_ratio_reasons
 from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, uncertainty
+from segserve.bench.run.bare_forward import bare_device, bare_shape, run_accuracy, run_bare
 from segserve.bench.run.deploy import Deployment
-from segserve.bench.run.measure import bare_device, bare_shape, measure, measure_phases, run_accuracy, run_bare
+from segserve.bench.run.measure import measure, measure_phases
 from segserve.bench.search import Strategy
 from segserve.bench.suite.columns import Record
 from segserve.bench.suite.plan import Point, settings_for
