@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from handlers import batching, profiling, testing_seam
+from handlers import batching, frontend_reader, profiling, testing_seam
 from handlers.batching import RowFailure, StageRunner
 from handlers.pinning import SharedCores, claim_cores
 from handlers.settings import parse_settings
@@ -84,6 +84,7 @@ class SegserveHandler:
         self.profile_request = None
 
     def initialize(self, context) -> None:
+        frontend_reader.install()  # the next requests' bytes read into one buffer each (frontend_reader.py)
         settings = dict((context.model_yaml_config or {}).get("handler") or {})
         common = parse_settings(RunnerSettings, {k: settings.pop(k) for k in RUNNER_KEYS if k in settings})
         if common.device not in ("auto", "cpu"):
