@@ -13,7 +13,8 @@ from segserve.archives.catalog import Catalog
 from segserve.bench.run.inputs import request_bodies
 from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
-from segserve.bench.suite.spec import InputSpec, load_suite
+from segserve.bench.suite.input_spec import InputSpec
+from segserve.bench.suite.spec import load_suite
 from segserve.errors import RuntimeFailure, UsageError
 from tests.conftest import ROOT
 

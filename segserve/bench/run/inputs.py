@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from segserve.bench.suite.spec import InputSpec
+from segserve.bench.suite.input_spec import InputSpec
 from segserve.model.synthetic import make_sample
 from segserve.model.train import normalise
 
