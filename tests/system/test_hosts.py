@@ -16,7 +16,7 @@ import pytest
 
 from segserve.bench.search import study
 from tests.conftest import ROOT
-from tests.system.test_study_postgres import running_postgres, shared_suite
+from tests.system.test_study_postgres import collected, running_postgres, shared_suite
 
 pytestmark = pytest.mark.long
 SUBNET = "10.231"  # hosts 10.231.<n>.2, this side 10.231.<n>.1: only between the namespaces and this host
@@ -129,30 +129,9 @@ def test_a_study_over_two_hosts_loses_one_mid_trial_and_no_point_is_lost_or_meas
     counts["retried"] = len(retried)
     print(f"trials: {counts}; host a killed with {len(lost_pids)} process(es) in its namespace")
 
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "segserve.cli",
-            "bench",
-            "collect",
-            "hosts",
-            "--storage",
-            postgres_for("127.0.0.1"),
-            "--results",
-            str(tmp_path / "all"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    print(done.stdout)  # the figures of the closing note (pytest -s)
-    assert "from 2 process(es)" in done.stdout and "0 measured twice" in done.stdout
-    (folder,) = (tmp_path / "all" / "hosts").iterdir()
-    collected = sorted(p.stem for p in (folder / "runs").glob("*.json"))
-    assert collected == everything  # no point lost, none twice: the single-host run's list
+    folder = collected("hosts", postgres_for("127.0.0.1"), tmp_path / "all")
+    run_ids = sorted(p.stem for p in (folder / "runs").glob("*.json"))
+    assert run_ids == everything  # no point lost, none twice: the single-host run's list
     # host a's trial in flight failed when its heartbeat stopped, and its copy was measured on host b
     by_host = {name: {p.stem for p in (tmp_path / f"results-{name}").glob("hosts/*/runs/*.json")} for name in hosts}
     assert retried and by_host["a"] and by_host["b"] and not by_host["a"] & by_host["b"], (counts, by_host)

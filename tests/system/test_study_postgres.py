@@ -97,6 +97,17 @@ def shared_suite(path: Path, search: str, warmup_s: float, window_s: float, max_
     return path
 
 
+def collected(name: str, storage_url: str, results: Path) -> Path:
+    """`segserve bench collect NAME --storage URL` of a study two bench processes filled, each point once; its folder."""
+    command = [sys.executable, "-m", "segserve.cli", "bench", "collect", name, "--storage", storage_url, "--results", str(results)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)  # the figures of the closing note (pytest -s)
+    assert "from 2 process(es)" in done.stdout and "0 measured twice" in done.stdout
+    (folder,) = (results / name).iterdir()
+    return folder
+
+
 def test_a_dead_search_hands_its_point_to_another_through_postgresql(postgres_url):
     points = space()[:8]
     dying = shared(study.open_storage(postgres_url, None, heartbeat_s=1), 0, points, limit=8, name="handover")
@@ -136,17 +147,7 @@ def test_two_bench_processes_share_one_study_and_collect_writes_it(postgres_url,
     assert len(every) == len(set(every)) == 4, measured  # the budget, spread over both, none twice
     assert measured[0] and measured[1], measured
 
-    done = subprocess.run(
-        [sys.executable, "-m", "segserve.cli", "bench", "collect", "shared", "--storage", postgres_url, "--results", str(tmp_path / "all")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    print(done.stdout)  # the figures of the closing note (pytest -s)
-    assert "from 2 process(es)" in done.stdout and "0 measured twice" in done.stdout
-    (folder,) = (tmp_path / "all" / "shared").iterdir()
+    folder = collected("shared", postgres_url, tmp_path / "all")
     rows = [json.loads(line) for line in (folder / "summary.jsonl").read_text().splitlines()]
     assert sorted(r["run_id"] for r in rows) == sorted(every)
     assert "0 point(s) measured twice" in (folder / "report.md").read_text()
