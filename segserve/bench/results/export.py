@@ -35,20 +35,17 @@ NODE_METRICS = ("node_ms", "queue_ms", "handler_ms_per_request", "cpu_pct")
 NODE_UNITS = {"node_ms": "Milliseconds", "queue_ms": "Milliseconds", "handler_ms_per_request": "Milliseconds", "cpu_pct": "Percent"}
 # each pipeline's row of the efficiency table (pipelines.jsonl) as metrics: name → (its key in the row, unit, what it
 # is); a ratio withheld as uncertain has no value and is not sent, its interval is
+_RATIOS = {"shared": "shared bound", "disjoint": "disjoint bound", "bare": "the bare forward's throughput"}
 PIPELINE_METRICS = {
     "pipeline_rps": ("pipeline_rps", "Count/Second", "the pipeline's best throughput under the constraints"),
     "pipeline_shared_bound_rps": ("shared_bound_rps", "Count/Second", "what its members allow on shared CPUs: 1/sum(1/member_rps)"),
     "pipeline_disjoint_bound_rps": ("disjoint_bound_rps", "Count/Second", "what its members allow on disjoint CPUs: min(member_rps)"),
-    "pipeline_ratio_shared": ("ratio_shared", None, "pipeline_rps / shared bound"),
-    "pipeline_ratio_shared_ci_low": ("ratio_shared_ci_low", None, "ratio_shared: low end of its 95% interval"),
-    "pipeline_ratio_shared_ci_high": ("ratio_shared_ci_high", None, "ratio_shared: high end of its 95% interval"),
-    "pipeline_ratio_disjoint": ("ratio_disjoint", None, "pipeline_rps / disjoint bound"),
-    "pipeline_ratio_disjoint_ci_low": ("ratio_disjoint_ci_low", None, "ratio_disjoint: low end of its 95% interval"),
-    "pipeline_ratio_disjoint_ci_high": ("ratio_disjoint_ci_high", None, "ratio_disjoint: high end of its 95% interval"),
-    "pipeline_ratio_bare": ("ratio_bare", None, "pipeline_rps / the bare forward's throughput"),
-    "pipeline_ratio_bare_ci_low": ("ratio_bare_ci_low", None, "ratio_bare: low end of its 95% interval"),
-    "pipeline_ratio_bare_ci_high": ("ratio_bare_ci_high", None, "ratio_bare: high end of its 95% interval"),
 }
+for _ratio, _over in _RATIOS.items():
+    PIPELINE_METRICS[f"pipeline_ratio_{_ratio}"] = (f"ratio_{_ratio}", None, f"pipeline_rps / {_over}")
+    for _end in ("low", "high"):
+        _what = f"ratio_{_ratio}: {_end} end of its 95% interval"
+        PIPELINE_METRICS[f"pipeline_ratio_{_ratio}_ci_{_end}"] = (f"ratio_{_ratio}_ci_{_end}", None, _what)
 
 
 @dataclass(frozen=True)

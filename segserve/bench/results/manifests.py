@@ -62,28 +62,25 @@ class Sized:
     why: str  # which record (and which of its keys) it came from
 
 
+def node_value(chosen: dict, node: str, param: str):
+    """A node's value in a record: its own (`<node>_<param>`), else the DAG-wide one."""
+    return chosen.get(f"{node}_{param}", chosen.get(param))
+
+
 def served_foreign(target, foreign, chosen: dict) -> Served:
     """A user's archive target at its best point: the values its register.sh uses."""
-
-    def value(node: str, param: str):
-        return chosen.get(f"{node}_{param}", chosen.get(param))
-
     params = ("workers", *REGISTRATIONS)
     if not foreign.is_workflow:
-        values = {param: value(target.name, param) for param in params}
+        values = {param: node_value(chosen, target.name, param) for param in params}
         return Served(target.name, False, foreign.path.name, {target.name: values}, mar_version(foreign.path))
-    nodes = {target.registered(node): {param: value(node, param) for param in params} for node in foreign.nodes}
+    nodes = {target.registered(node): {param: node_value(chosen, node, param) for param in params} for node in foreign.nodes}
     return Served(target.name, True, f"{target.name}.war", nodes)
 
 
 def served_fused(name: str, mar: Path, chosen: dict, root: str) -> Served:
     """The fused .mar of a workflow's best point: one model, with the workflow's DAG-wide workers and its root node's
     batching (the fused worker takes a batch of requests at the root)."""
-
-    def value(param: str):
-        return chosen.get(f"{root}_{param}", chosen.get(param))
-
-    values = {"workers": chosen.get("workers"), **{param: value(param) for param in REGISTRATIONS}}
+    values = {"workers": chosen.get("workers"), **{param: node_value(chosen, root, param) for param in REGISTRATIONS}}
     return Served(name, False, mar.name, {name: values}, mar_version(mar))
 
 

@@ -13,7 +13,7 @@ import yaml
 from segserve.archives import registration
 from segserve.archives.catalog import Catalog
 from segserve.archives.registration import REGISTRATIONS, workflow_entry
-from segserve.bench.results.manifests import served_foreign, served_fused, write_manifests
+from segserve.bench.results.manifests import node_value, served_foreign, served_fused, write_manifests
 from segserve.bench.results.sinks import FinishedRun, Sink
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import label
@@ -93,9 +93,6 @@ class ArchiveFiles:
         if self.foreign.is_workflow and fuse is not None:
             self.fused(best_dir, core_plan, fuse)
 
-    def value(self, node: str, param: str):
-        return self.chosen.get(f"{node}_{param}", self.chosen.get(param))
-
     def register_script(self, best_dir: Path) -> None:
         """The management API calls that register it so (best/register.sh), and for a .war its spec with each node's
         values written in (best/<name>.yaml, to archive again)."""
@@ -108,8 +105,8 @@ class ArchiveFiles:
         else:
             nodes = {}
             for node in self.foreign.nodes:
-                values = {param: self.value(node, param) for param in REGISTRATIONS}
-                nodes[node] = workflow_entry(values, self.value(node, "workers"))
+                values = {param: node_value(chosen, node, param) for param in REGISTRATIONS}
+                nodes[node] = workflow_entry(values, node_value(chosen, node, "workers"))
             (best_dir / f"{name}.yaml").write_text(self.header + yaml.safe_dump(self.foreign.spec_with(nodes), sort_keys=False))
             calls = [
                 f"# archive best/{name}.yaml with your handler into {name}.war (torch-workflow-archiver --spec-file), then:",

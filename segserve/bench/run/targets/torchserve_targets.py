@@ -2,8 +2,6 @@
 little as possible: restart only for server values, build and re-register only for archive values, scale live for
 workers."""
 
-import hashlib
-import json
 import shutil
 import subprocess
 import sys
@@ -17,6 +15,7 @@ from segserve.archives.catalog import Catalog, Target
 from segserve.archives.registration import from_workflow, workflow_entry
 from segserve.bench.run.inputs import Body
 from segserve.bench.run.measure import Endpoint, process_groups
+from segserve.bench.run.suite_inputs import digest
 from segserve.bench.run.targets.kind import Kind
 from segserve.bench.suite.params import at_level
 from segserve.bench.suite.plan import Point, settings_for
@@ -31,10 +30,6 @@ WORKER_LOAD_TIMEOUT_S = COMPILED_STARTUP_TIMEOUT_S
 
 # what an optimisation imports in the worker
 OPTIMIZATION_MODULES = {"int8": "torchao", "ipex": "intel_extension_for_pytorch"}
-
-
-def _digest(value) -> str:
-    return hashlib.sha1(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 class TorchServeTargets(Kind):
@@ -116,7 +111,7 @@ class TorchServeTargets(Kind):
     # Registration ------------------------------------------------------------------
     def _node_mar(self, target: Target, node, settings: dict, registration: dict) -> str:
         """A node's .mar with these settings, built once per distinct recipe (the settings live in the archive)."""
-        name = f"{node.model.name}-{_digest([settings, registration])}"
+        name = f"{node.model.name}-{digest([settings, registration])}"
         if not (self.store / f"{name}.mar").exists():
             self.recipe.node_archive(node.model, name, settings, registration)
         return f"{name}.mar"
@@ -155,7 +150,7 @@ class TorchServeTargets(Kind):
             if foreign is not None:
                 archive = foreign.install(self.store)
             elif target.is_fused:
-                name = f"{target.name}-{_digest([node_settings, stage])}"
+                name = f"{target.name}-{digest([node_settings, stage])}"
                 if not (self.store / f"{name}.mar").exists():
                     self.recipe.fused_archive(self.catalog.dags[target.dag], name, node_settings, stage)
                 archive = f"{name}.mar"
