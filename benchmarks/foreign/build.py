@@ -3,7 +3,9 @@ seg.mar (a TorchScript network with random weights behind seg_handler.py), jpeg.
 seed.war (seg → jpeg), and the bodies to send: raw FP16 images, and FP16 logits for jpeg.mar alone. Beside them
 lookup.mar (lookup_handler.py: waits 25 ms a row on a stand-in remote call) and lookup.war (seg → lookup, 2 seg
 workers and 8 lookup workers): a slow node that needs more workers than the others (docs/serving.md, when
-fusing helps and when it does not).
+fusing helps and when it does not). And seed_join.war, a join in TorchServe's dog-breed shape: the function node
+pre_processing (join_functions.py) → [seg, overlay], seg → [overlay]; overlay.mar (overlay_handler.py) gets each
+row's image and seg's logits, one entry per parent.
 
     .venv/bin/python benchmarks/foreign/build.py /tmp/seed_archives
     cd /tmp/seed_archives && segserve bench <repo>/benchmarks/foreign/seed.yaml --results <repo>/results
@@ -45,6 +47,20 @@ dag:
 """
 
 
+# a join (TorchServe's dog-breed shape): a function node first, seg, and overlay joining both (image + logits)
+JOIN_SPEC = """models:
+  min-workers: 1
+  max-workers: 1
+  batch-size: 8
+  max-batch-delay: 5
+  seg: {url: seg.mar}
+  overlay: {url: overlay.mar}
+dag:
+  pre_processing: [seg, overlay]
+  seg: [overlay]
+"""
+
+
 def network() -> torch.nn.Module:
     """About the cost of segserve's SegNet: a strided encoder, a 1×1 head, upsampled back to the input size."""
     torch.manual_seed(0)
@@ -72,6 +88,7 @@ def main(out: Path) -> None:
     run([*archiver, "--model-name", "seg", "--handler", str(HERE / "seg_handler.py"), "--serialized-file", str(out / "seg.pt")])
     run([*archiver, "--model-name", "jpeg", "--handler", str(HERE / "jpeg_handler.py")])
     run([*archiver, "--model-name", "lookup", "--handler", str(HERE / "lookup_handler.py")])
+    run([*archiver, "--model-name", "overlay", "--handler", str(HERE / "overlay_handler.py")])
     spec = out / "seed.yaml"
     spec.write_text(SEED_SPEC)
     (out / "seed_functions.py").write_text("")
@@ -80,6 +97,9 @@ def main(out: Path) -> None:
     (out / "lookup.yaml").write_text(LOOKUP_SPEC)
     lookup = [str(BIN / "torch-workflow-archiver"), "--workflow-name", "lookup", "--spec-file", str(out / "lookup.yaml")]
     run([*lookup, "--handler", str(out / "seed_functions.py"), "--export-path", str(out), "--force"])
+    (out / "seed_join.yaml").write_text(JOIN_SPEC)
+    join = [str(BIN / "torch-workflow-archiver"), "--workflow-name", "seed_join", "--spec-file", str(out / "seed_join.yaml")]
+    run([*join, "--handler", str(HERE / "join_functions.py"), "--export-path", str(out), "--force"])
     # what jpeg.mar gets inside the workflow: seg's answers for the same images (the bench sends these alone)
     for index in range(4):
         image = torch.randn((3, 256, 448), generator=torch.Generator().manual_seed(index)).half()
@@ -87,7 +107,7 @@ def main(out: Path) -> None:
         with torch.inference_mode():
             logits = model(image.float()[None])[0].half()
         (out / f"logits_{index}.bin").write_bytes(logits.contiguous().view(torch.uint8).numpy().tobytes())
-    print(f"built seg.mar, jpeg.mar, seed.war, lookup.mar, lookup.war and the bodies in {out}")
+    print(f"built seg.mar, jpeg.mar, seed.war, lookup.mar, lookup.war, overlay.mar, seed_join.war and the bodies in {out}")
 
 
 if __name__ == "__main__":
