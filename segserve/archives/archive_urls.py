@@ -14,10 +14,18 @@ from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from segserve.archives.s3_prefix import md5_hex
-from segserve.errors import RuntimeFailure
+from segserve.errors import RuntimeFailure, UsageError
 
 REMOTE_SCHEMES = ("s3", "http", "https")
 FETCH_TIMEOUT_S = 60
+
+
+def safe_relative_name(name: str, what: str) -> str:
+    """`name` when it stays inside the folder it is joined to; a UsageError naming `what` when it is absolute or
+    climbs out with `..` (a .war node's url, an S3 key, an archive name: names that become paths)."""
+    if not name or name.startswith("/") or ".." in PurePosixPath(name).parts:
+        raise UsageError(f"{what}: {name!r} is not a relative name inside its folder (no absolute path, no '..')")
+    return name
 
 
 def is_remote(location: str) -> bool:
