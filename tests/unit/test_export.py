@@ -153,6 +153,8 @@ def test_the_samples_carry_each_pipelines_bounds_and_ratios_but_no_withheld_rati
         "pipeline_ratio_shared_ci_high": 1.03,
         "pipeline_ratio_disjoint_ci_low": 0.5,  # the ratio itself is uncertain, so not sent; its interval is
         "pipeline_ratio_disjoint_ci_high": 0.95,
+        "pipeline_ratio_shared_uncertain": 0.0,  # judged a number
+        "pipeline_ratio_disjoint_uncertain": 1.0,  # withheld: the exports say so (#59), pipelines.jsonl says why
     }
     assert found["pipeline_ratio_shared"].labels == {"suite": "quick", "pipeline": "seg_jpeg"}
     assert found["pipeline_ratio_shared"].unit is None and found["pipeline_shared_bound_rps"].unit == "Count/Second"

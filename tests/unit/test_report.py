@@ -476,3 +476,22 @@ def test_compare_refuses_runs_from_different_machines_unless_asked_and_then_says
     # a baseline from before the CPU was identified still compares, by CPU name and cores, and says so
     before = write_results(tmp_path / "before", [record("a", "seg", 100.0, 100.0, environment={"cpu_model": "AMD EPYC", "cpu_cores": 2})])
     assert "compared by CPU name and cores only" in compare(CompareRun(before, same))[0]
+
+
+def test_a_bare_forward_that_moved_in_the_run_makes_every_ratio_to_it_uncertain(records):
+    """#59: seg's bare forward measured 108 img/s beside its point and 161 at the suite's end. The pipeline's ratio
+    to the end's (0.496, a tight interval) and seg's ratio to its own must both say `uncertain`, with the reason."""
+    bare = [{"batch_size": 8, "threads": 2, "throughput_ips": 161.0, "slices_ips": tight(161.0)}]
+    seg = record("seg-ok", "seg", 100.0, 150.0, bare_forward_ips=108.0, bare_slices_ips=tight(108.0))
+    runs = [seg, record("jpeg-only", "jpeg", 300.0, 40.0), record("wf-8", "seg_jpeg", 79.9, 180.0)]
+    rows = {row["pipeline"]: row for row in efficiency(runs, P99_MAX, "throughput_rps", bare)}
+    wf = rows["seg_jpeg"]
+    assert wf["ratio_bare"] is None and wf["ratio_bare_uncertain"].startswith("uncertain (0.49–0.5")
+    assert "the bare forward measured 108 img/s beside the points and 161 at the end" in wf["ratio_bare_uncertain"]
+    assert wf["ratio_shared"] is not None  # the members' bounds do not depend on the bare forward
+    served = served_vs_bare([seg], P99_MAX, "throughput_rps", bare)[0]
+    assert served["ratio_bare"] is None and "108 img/s beside the points and 161 at the end" in served["ratio_bare_uncertain"]
+    # the same run with a bare forward that agreed with itself (150 beside, 161 at the end): a number
+    steady = record("seg-ok", "seg", 100.0, 150.0, bare_forward_ips=150.0, bare_slices_ips=tight(150.0))
+    wf = {r["pipeline"]: r for r in efficiency([steady, *runs[1:]], P99_MAX, "throughput_rps", bare)}["seg_jpeg"]
+    assert wf["ratio_bare"] == pytest.approx(79.9 / 161.0) and wf["ratio_bare_uncertain"] is None

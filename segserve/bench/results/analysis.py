@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from segserve.bench.results.stats import bootstrap_interval, ratio, ratio_of_medians, uncertainty
+from segserve.bench.results.stats import RATIO_TOLERANCE, bootstrap_interval, ratio, ratio_of_medians, uncertainty
 from segserve.bench.suite.columns import METRICS, best, satisfies
 
 
@@ -218,6 +218,27 @@ def bare_ratio_reasons(point: dict, bare_disturbed: bool = False) -> list[str]:
     return [text for text, present in flags if present]
 
 
+def bare_spread_reasons(entry: dict, besides: list[float | None]) -> list[str]:
+    """The bare forward's own spread in this run: its rate beside points (at the same batch size and threads) and at
+    the suite's end. When they are more than the tolerance apart, every ratio to it is uncertain, whichever of
+    them a table divides by (one bare forward, one doubt)."""
+    end = entry.get("throughput_ips")
+    rates = [rate for rate in [*besides, end] if rate]
+    if not end or len(rates) < 2 or max(rates) <= min(rates) * (1 + RATIO_TOLERANCE):
+        return []
+    beside = ", ".join(f"{rate:.0f}" for rate in dict.fromkeys(rates[:-1]))
+    return [f"the bare forward measured {beside} img/s beside the points and {end:.0f} at the end, more than ±{RATIO_TOLERANCE:.0%} apart"]
+
+
+def _beside_rates(points: list[dict | None], entry: dict) -> list[float]:
+    """The bare forward rates measured beside these points at the entry's batch size and threads."""
+    return [
+        p["bare_forward_ips"]
+        for p in points
+        if p and p.get("bare_forward_ips") and p.get("batch_size") == entry.get("batch_size") and p.get("omp_num_threads") == entry.get("threads")
+    ]
+
+
 def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
     """Per target measured beside the bare forward (the model that carries the weights, alone) and per thread
     count and input size: its best batch size against the bare forward at the same batch size, threads and
@@ -245,8 +266,10 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
                 if value is None:
                     value = ratio(point.get("throughput_rps"), beside or entry.get("throughput_ips"))
                 low, high = interval or (None, None)
-            # printed as a number only when its interval is within ±15% and nothing disturbed it
-            note = uncertainty(value, interval, bare_ratio_reasons(point, beside is None and entry.get("disturbed")))
+            # printed as a number only when its interval is within ±15%, nothing disturbed it and the bare forward
+            # agreed with itself beside the point and at the end
+            reasons = bare_ratio_reasons(point, beside is None and entry.get("disturbed")) + bare_spread_reasons(entry, _beside_rates([point], entry))
+            note = uncertainty(value, interval, reasons)
             rows.append(
                 {
                     "target": target,
@@ -299,6 +322,7 @@ def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dic
         bare_ratio = bare_ratio if bare_ratio is not None else ratio(pipeline_rps, entry.get("throughput_ips"))
         point_reasons = ["the pipeline or a member was disturbed"] if disturbed else []
         bare_reasons = point_reasons + (["the bare forward was disturbed"] if entry.get("disturbed") else [])
+        bare_reasons += bare_spread_reasons(entry, _beside_rates([winner, *(winners.get(m) for m in pipeline.members)], entry))
         judged = {
             "ratio_shared": uncertainty(ratio(pipeline_rps, shared_bound_rps), shared_ci, point_reasons),
             "ratio_disjoint": uncertainty(ratio(pipeline_rps, disjoint_bound_rps), disjoint_ci, point_reasons),

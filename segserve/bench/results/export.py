@@ -34,7 +34,7 @@ PARAM_COLUMNS = ("workers", "batch_size", "max_batch_delay_ms", "concurrency", "
 NODE_METRICS = ("node_ms", "queue_ms", "handler_ms_per_request", "cpu_pct")
 NODE_UNITS = {"node_ms": "Milliseconds", "queue_ms": "Milliseconds", "handler_ms_per_request": "Milliseconds", "cpu_pct": "Percent"}
 # each pipeline's row of the efficiency table (pipelines.jsonl) as metrics: name → (its key in the row, unit, what it
-# is); a ratio withheld as uncertain has no value and is not sent, its interval is
+# is); a ratio withheld as uncertain has no value and is not sent, its interval is, and its _uncertain flag is 1
 _RATIOS = {"shared": "shared bound", "disjoint": "disjoint bound", "bare": "the bare forward's throughput"}
 PIPELINE_METRICS = {
     "pipeline_rps": ("pipeline_rps", "Count/Second", "the pipeline's best throughput under the constraints"),
@@ -46,6 +46,8 @@ for _ratio, _over in _RATIOS.items():
     for _end in ("low", "high"):
         _what = f"ratio_{_ratio}: {_end} end of its 95% interval"
         PIPELINE_METRICS[f"pipeline_ratio_{_ratio}_ci_{_end}"] = (f"ratio_{_ratio}_ci_{_end}", None, _what)
+    _what = f"1 when ratio_{_ratio} is withheld as uncertain (pipelines.jsonl says why), 0 when it is a number"
+    PIPELINE_METRICS[f"pipeline_ratio_{_ratio}_uncertain"] = (f"ratio_{_ratio}_uncertain", None, _what)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def pipeline_samples(folder: Path) -> list[Sample]:
         labels = {"suite": folder.parent.name, "pipeline": row["pipeline"]}
         for metric, (key, unit, _) in PIPELINE_METRICS.items():
             value = row.get(key)
+            if key.endswith("_uncertain"):  # a reason (text) or None: sent as a flag where the ratio was judged
+                value = None if value is None and row.get(key.removesuffix("_uncertain")) is None else float(value is not None)
             if _is_number(value):
                 out.append(Sample(metric, float(value), labels, unit))
     return out
