@@ -232,11 +232,8 @@ def bare_spread_reasons(entry: dict, besides: list[float | None]) -> list[str]:
 
 def _beside_rates(points: list[dict | None], entry: dict) -> list[float]:
     """The bare forward rates measured beside these points at the entry's batch size and threads."""
-    return [
-        p["bare_forward_ips"]
-        for p in points
-        if p and p.get("bare_forward_ips") and p.get("batch_size") == entry.get("batch_size") and p.get("omp_num_threads") == entry.get("threads")
-    ]
+    same = [p for p in points if p and p.get("batch_size") == entry.get("batch_size") and p.get("omp_num_threads") == entry.get("threads")]
+    return [p["bare_forward_ips"] for p in same if p.get("bare_forward_ips")]
 
 
 def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare: list[dict]) -> list[dict]:
@@ -268,7 +265,8 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
                 low, high = interval or (None, None)
             # printed as a number only when its interval is within ±15%, nothing disturbed it and the bare forward
             # agreed with itself beside the point and at the end
-            reasons = bare_ratio_reasons(point, beside is None and entry.get("disturbed")) + bare_spread_reasons(entry, _beside_rates([point], entry))
+            reasons = bare_ratio_reasons(point, beside is None and entry.get("disturbed"))
+            reasons += bare_spread_reasons(entry, _beside_rates([point], entry))
             note = uncertainty(value, interval, reasons)
             rows.append(
                 {
