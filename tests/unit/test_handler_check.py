@@ -1,0 +1,90 @@
+"""handler_import_failure: an archive's handler imported as TorchServe 0.12's worker imports it, in a separate
+process, and the real error reported innermost first. The handlers are written here, as an archive's files."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from segserve.archives.handler_check import handler_import_failure
+
+# an archive file named captum.py that fails stands in for an environment without captum (it comes first on sys.path)
+MISSING_CAPTUM = "raise ModuleNotFoundError(\"No module named 'captum'\", name='captum')\n"
+
+
+def archive(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+def test_a_handler_that_imports_a_missing_module_reports_that_module_first_then_the_files_outward(tmp_path):
+    # TorchServe's loader would log only "No module named 'ts.torch_handler.my_handler'" for this archive
+    folder = archive(tmp_path, {"my_handler.py": "import helper\n", "helper.py": "\n\nimport not_a_module_xyz\n"})
+    assert handler_import_failure(folder, "my_handler.py") == (
+        "ModuleNotFoundError: No module named 'not_a_module_xyz' ← helper.py:3 ← my_handler.py:1"
+    )
+
+
+def test_a_raise_from_keeps_the_cause_first_and_the_wrapping_error_after_it(tmp_path):
+    wrapped = 'try:\n    import not_a_module_xyz\nexcept ImportError as e:\n    raise RuntimeError("needs\\n xyz") from e\n'
+    folder = archive(tmp_path, {"wrapped.py": wrapped})
+    assert handler_import_failure(folder, "wrapped.py:handle") == (
+        "ModuleNotFoundError: No module named 'not_a_module_xyz' ← wrapped.py:2 ← RuntimeError: needs xyz ← wrapped.py:4"
+    )
+
+
+def test_a_syntax_error_names_the_file_and_line(tmp_path):
+    folder = archive(tmp_path, {"handler.py": "def handle(data, context):\n    return [\n"})
+    failure = handler_import_failure(folder, "handler.py")
+    assert failure.startswith("SyntaxError: ") and "(handler.py, line 2)" in failure, failure
+
+
+def test_a_good_handler_imports_with_the_archive_folder_as_the_working_directory(tmp_path):
+    # the worker's cwd is the extracted archive: a handler may read its own files at import
+    reads_cwd = "from pathlib import Path\nLABELS = Path('labels.txt').read_text()\ndef handle(data, context):\n    return data\n"
+    folder = archive(tmp_path, {"good.py": reads_cwd, "labels.txt": "a\n"})
+    assert handler_import_failure(folder, "good.py:handle") is None
+    assert handler_import_failure(folder, "good") is None  # TorchServe strips ".py" and any folder: both forms work
+
+
+def test_what_the_handler_prints_while_it_imports_does_not_hide_the_answer(tmp_path):
+    folder = archive(tmp_path, {"loud.py": 'print(\'{"failure": "fake"}\')\nimport not_a_module_xyz\n'})
+    assert handler_import_failure(folder, "loud.py") == "ModuleNotFoundError: No module named 'not_a_module_xyz' ← loud.py:2"
+
+
+def test_a_name_that_is_neither_a_file_nor_a_torchserve_handler_says_both(tmp_path):
+    failure = handler_import_failure(tmp_path, "image_clasifier")
+    assert (
+        failure
+        == "ModuleNotFoundError: no handler image_clasifier: neither image_clasifier.py in the archive nor ts.torch_handler.image_clasifier"
+    )
+
+
+def test_a_handler_that_hangs_at_import_is_reported_after_the_timeout(tmp_path):
+    folder = archive(tmp_path, {"slow.py": "import time\ntime.sleep(30)\n"})
+    assert handler_import_failure(folder, "slow.py", timeout_s=0.5) == "importing handler slow.py did not finish in 0.5 s"
+
+
+def test_a_handler_that_kills_its_process_is_reported_with_the_exit_code(tmp_path):
+    folder = archive(tmp_path, {"dies.py": "import os, sys\nsys.stderr.write('bye\\n')\nos._exit(3)\n"})
+    assert handler_import_failure(folder, "dies.py", python=sys.executable) == "importing handler dies.py ended with exit code 3: bye"
+
+
+def test_torchserves_own_handler_failing_under_an_archive_file_reports_the_module_it_lacks(tmp_path):
+    # the dog-breed example's shape: the archive's handler subclasses a TorchServe vision handler, whose
+    # module imports captum
+    subclass = "from ts.torch_handler.image_classifier import ImageClassifier\nclass Breed(ImageClassifier):\n    pass\n"
+    folder = archive(tmp_path, {"captum.py": MISSING_CAPTUM, "breed_handler.py": subclass})
+    failure = handler_import_failure(folder, "breed_handler.py")
+    assert failure.startswith("ModuleNotFoundError: No module named 'captum' ← captum.py:1 ← ts/torch_handler/vision_handler.py:"), failure
+    assert " ← ts/torch_handler/image_classifier.py:" in failure and failure.endswith(" ← breed_handler.py:1"), failure
+
+
+@pytest.mark.long  # a second torch import in a child process: seconds on a busy 2-core machine
+def test_torchserves_own_handler_named_as_the_handler_reports_its_fallback_import_whole(tmp_path):
+    # a built-in handler name: TorchServe's fallback import is the one that fails, and it is reported whole
+    folder = archive(tmp_path, {"captum.py": MISSING_CAPTUM})
+    failure = handler_import_failure(folder, "image_segmenter")
+    assert failure.startswith("ModuleNotFoundError: No module named 'captum' ← captum.py:1 ← ts/torch_handler/vision_handler.py:"), failure
+    assert failure.split(" ← ")[-1].startswith("ts/torch_handler/image_segmenter.py:"), failure
