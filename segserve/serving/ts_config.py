@@ -4,14 +4,18 @@ loopback ports and a worker-socket range no other instance uses."""
 import fcntl
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 
 from segserve.errors import RuntimeFailure
 
 ADDRESS_KEYS = ("inference_address", "management_address", "metrics_address")
-WORKER_BASE_CLAIMS_DIR = Path("/tmp/segserve-worker-bases")
-PORT_CLAIMS_DIR = Path("/tmp/segserve-ports")
+# Claims are shared by every segserve process of a user, whatever its TMPDIR: in /tmp, in a folder of the user's own
+# (mode 0700), so that another user can neither hold our ports nor plant a link where we open files.
+CLAIMS_ROOT = Path(f"/tmp/segserve-{os.getuid()}")
+WORKER_BASE_CLAIMS_DIR = CLAIMS_ROOT / "worker-bases"
+PORT_CLAIMS_DIR = CLAIMS_ROOT / "ports"
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
@@ -57,7 +61,7 @@ def free_port_base(count: int = 5) -> int:
 
     Chosen outside the kernel's ephemeral range: a port there can be taken in between by any process's outgoing
     connection (a load generator opens hundreds), which made a server start fail with "Address already in use"
-    while another test process was benchmarking. Each is claimed with an flock under /tmp/segserve-ports until
+    while another test process was benchmarking. Each is claimed with an flock under /tmp/segserve-<uid>/ports until
     release_ports() or this process's end, so that two processes choosing at once do not pick the same ones."""
     candidates = _candidate_ports(count)
     offset = (os.getpid() * 101) % len(candidates)  # processes start their searches apart
@@ -128,14 +132,36 @@ def loopback_ports(port_base: int | None) -> dict[str, str]:
 def _claim(folder: Path, number: int):
     """The open, flock-ed file folder/<number>, or None where another live process holds it: a port or range
     a server still starting has not bound yet, which another process would take too."""
-    folder.mkdir(exist_ok=True)
-    claim = open(folder / str(number), "a")  # noqa: SIM115 (held open: the lock lives with it)
+    private_folder(folder.parent)
+    private_folder(folder)
+    # O_NOFOLLOW: a link in its place is refused, never followed
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+    try:
+        claim = os.fdopen(os.open(folder / str(number), flags, 0o600), "a")
+    except OSError as error:  # ELOOP: a link
+        raise RuntimeFailure(f"{folder / str(number)}: {error.strerror}: remove it, and segserve makes it again") from None
     try:
         fcntl.flock(claim, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         claim.close()
         return None
     return claim
+
+
+def private_folder(folder: Path) -> Path:
+    """`folder`, made with mode 0700 where missing; a RuntimeFailure naming it when it is a link, not a folder, not
+    this user's, or open to others (someone else's in the shared /tmp)."""
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    found = os.lstat(folder)  # the entry itself: a link is not followed
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or stat.S_IMODE(found.st_mode) & 0o077:
+        raise RuntimeFailure(
+            f"{folder}: expected a folder of user {os.getuid()} with mode 0700 (got mode {stat.filemode(found.st_mode)}, "
+            f"user {found.st_uid}): remove it, and segserve makes it again"
+        )
+    return folder
 
 
 def _claim_worker_base(base: int) -> bool:
