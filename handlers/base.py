@@ -11,7 +11,7 @@ the next node) and accept() (take the previous node's in-memory result).
 handle() runs the hooks through a StageRunner (handlers/batching.py), which
 may split the batch into overlapped micro-batches. A bad row gets its own
 400 with a JSON `{"error": ...}` body, a row that breaks a hook any other way
-its own 500; its batch-mates are served.
+its own 500 ("internal error" and a request id; the detail only in the log); its batch-mates are served.
 `len(output) == len(data)` always.
 """
 
@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from dataclasses import dataclass, fields
 
 import torch
@@ -63,6 +64,15 @@ def request_body(row: dict) -> bytes | bytearray:
     raise BadRequest(
         f"expected binary payload, got {type(body).__name__} (send it with Content-Type: application/octet-stream, not JSON or text)"
     )
+
+
+def internal_error(context, idx: int, failure: RowFailure) -> bytes:
+    """A 500's body: "internal error" and the request's id, nothing of the exception (a client learns no paths,
+    versions or values from it); the detail goes to the worker's log under that id."""
+    request_id = context.get_request_id(idx) or uuid.uuid4().hex  # TorchServe's id of the request, logged by it too
+    logger.error("request %s answered 500: %s", request_id, failure)
+    context.set_response_status(500, "internal error", idx)
+    return json.dumps({"error": f"internal error (request id {request_id})", "request_id": request_id}).encode()
 
 
 def pick_device(context) -> torch.device:
@@ -151,9 +161,12 @@ class SegserveHandler:
         results = self.stages.run(bodies)
         answering = time.perf_counter()
         for idx, result in enumerate(results):
-            if isinstance(result, (BadRequest, RowFailure)):
+            if isinstance(result, BadRequest):
                 output[idx] = json.dumps({"error": str(result)}).encode()
-                context.set_response_status(400 if isinstance(result, BadRequest) else 500, str(result), idx)
+                context.set_response_status(400, str(result), idx)
+                context.set_response_content_type(idx, "application/json")
+            elif isinstance(result, RowFailure):
+                output[idx] = internal_error(context, idx, result)
                 context.set_response_content_type(idx, "application/json")
             else:
                 output[idx] = result

@@ -24,6 +24,10 @@ from handlers.base import BadRequest, SegserveHandler, entry_point
 from handlers.settings import parse_settings
 
 UPSTREAM_ERROR_PREFIX = b'{"error": '
+# The most output pixels the JPEG node makes per class-map pixel. A class map is the model's resolution and the
+# original size is the client's: segserve's seg node at 256x448 gives up to 218 for a 25-megapixel image, at 64x96
+# up to 4069. A larger factor is a small body asking for a large encode (19 bytes claiming 5000x5000 made 25 MP).
+MAX_UPSCALE_PX_PER_PX = 4096
 logger = logging.getLogger(__name__)
 
 
@@ -78,6 +82,7 @@ class ClassMapInput:
 
     max_side_px: int | None = None  # the largest original side the node's output can be made at
     side_limit_reason = ""
+    max_upscale: int | None = None  # the most output pixels per class-map pixel (None: the node does not upsample)
 
     def decode(self, body: bytes) -> classmap.ClassMap:
         if body.startswith(UPSTREAM_ERROR_PREFIX):
@@ -103,6 +108,12 @@ class ClassMapInput:
                 f"output of {class_map.original_width}x{class_map.original_height} pixels is refused: "
                 f"the limit is {self.settings.max_image_pixels}"
             )
+        map_height, map_width = class_map.labels.shape
+        if self.max_upscale and height * width > self.max_upscale * map_height * map_width:
+            raise BadRequest(
+                f"output of {width}x{height} pixels from a {map_width}x{map_height} class map is refused: the limit is "
+                f"{self.max_upscale} output pixels per class-map pixel"
+            )
         return class_map
 
     def accept(self, upstream):
@@ -125,6 +136,7 @@ class JpegHandler(ClassMapInput, SegserveHandler):
     content_type = "image/jpeg"
     max_side_px = limits.JPEG_MAX_SIDE_PX  # encode_jpeg crashes the worker beyond it: refused here
     side_limit_reason = "the JPEG encoder's limit"
+    max_upscale = MAX_UPSCALE_PX_PER_PX
 
     def load(self, model_dir: str, settings: dict, manifest: dict) -> None:
         self.settings = s = parse_settings(JpegSettings, settings)

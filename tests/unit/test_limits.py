@@ -109,15 +109,21 @@ class Flaky(SegserveHandler):
 
 
 @pytest.mark.parametrize("micro_batch_size, overlap", [(0, False), (2, True)])
-def test_a_row_that_breaks_a_hook_gets_its_own_500_and_its_batch_mates_are_served(micro_batch_size, overlap):
+def test_a_row_that_breaks_a_hook_gets_its_own_500_and_its_batch_mates_are_served(micro_batch_size, overlap, caplog):
     handler = Flaky()
     handler.initialize(make_context(None, {"micro_batch_size": micro_batch_size, "overlap": overlap}))
     bodies = [b"a", b"decode-bug", b"b", b"predict-bug", b"encode-bug", b"c"]
     out, statuses = run(handler, bodies)
     assert statuses == [200, 500, 200, 500, 500, 200]
     assert [out[i] for i in (0, 2, 5)] == [b"ok:a", b"ok:b", b"ok:c"]
-    assert json.loads(out[3])["error"] == "internal error while predicting this request: RuntimeError: the batch broke"
-    assert json.loads(out[1])["error"].startswith("internal error while decoding this request: KeyError")
+    # the body says "internal error" and the request's id; what broke is in the worker's log under that id only
+    failed = [json.loads(out[i]) for i in (1, 3, 4)]
+    assert [body["error"] for body in failed] == [f"internal error (request id {body['request_id']})" for body in failed]
+    assert len({body["request_id"] for body in failed}) == 3
+    logged = {record.getMessage() for record in caplog.records}
+    detail = "internal error while predicting this request: RuntimeError: the batch broke"
+    predicted = f"request {failed[1]['request_id']} answered 500: {detail}"
+    assert predicted in logged, logged
 
 
 @pytest.mark.parametrize("body", [b'{"error": ', b'{"error": }', b'{"error": "\xff\xfe"}', b'{"error": 5}'])
