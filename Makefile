@@ -65,7 +65,8 @@ setup-pushgateway:
 	(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus-pushgateway) || \
 	echo "setup-pushgateway: could not install prometheus-pushgateway; the Pushgateway tests will skip"
 
-# hey (rakyll/hey), Debian's package: benchmarks/client_vs_hey.py checks segserve's load generator against it (#49).
+# hey (rakyll/hey), Debian's package: to check segserve's load generator against it (#49, docs/measurements.md) and to
+# load a stock TorchServe by hand (docs/torchserve_workflows.md).
 setup-hey:
 	command -v hey >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q hey)
 

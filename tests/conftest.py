@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Every TorchServe the tests start (here, in CLI subprocesses, in the GPU bundle's dry run) lives for a minute or so:
 # its frontend with C1 only and the serial collector spends about a third less CPU over such a life (start,
-# registration, load: 4.4–4.6 CPU-s instead of 6.4–7.5, benchmarks/frontend_jvm.py) than with C2's compile threads,
+# registration, load: 4.4–4.6 CPU-s instead of 6.4–7.5, docs/testing.md) than with C2's compile threads,
 # which pay off only in longer runs. Users' servers keep the JVM's defaults (docs/testing.md).
 TEST_VMARGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 os.environ.setdefault(VMARGS_ENV, TEST_VMARGS)

@@ -180,7 +180,6 @@ RULES: list[tuple[str, str, str]] = [
     (r"segserve fuse", "test", "tests/system/test_fuse.py::test_a_fused_chain_answers_the_workflows_bytes"),
     (r"segserve scale", "test", "tests/integration/test_pinning.py::test_scaling_a_node_up_and_down_keeps_slots_disjoint_and_frees_them"),
     (r"segserve build --weights", "test", "tests/integration/test_archives.py::test_each_mar_runs_with_only_the_archive_on_the_path"),
-    (r"benchmarks/client_vs_hey\.py", "cannot", "a measurement (docs/measurements.md) with a server of its own and hey: not a check"),
     (r"segserve build$", "walkthrough", ""),
     (r"segserve (serve|token|predict)|^TOKEN=|^curl ", "walkthrough", ""),
 ]

@@ -52,7 +52,7 @@ SMOKE: dict[str, tuple[str, str]] = {
         "tests/system/test_optimize.py::test_segserve_optimize_refuses_a_missing_ipex_venv_or_a_bad_out_in_one_line_before_measuring",
     ),
     "make setup-numactl": ("cannot", "installs Debian's numactl with apt (root and a registry) where it is missing"),
-    "make setup-hey": ("cannot", "installs Debian's hey with apt (root and a registry) where it is missing (benchmarks/client_vs_hey.py)"),
+    "make setup-hey": ("cannot", "installs Debian's hey with apt (root and a registry) where it is missing"),
     "make build": ("test", f"{DOC_CHECK}: serving.md's walkthrough runs it as its recipe (segserve build)"),
     "make run": (
         "test",
@@ -159,13 +159,6 @@ SMOKE: dict[str, tuple[str, str]] = {
     ),
     "benchmarks/peers/litserve_app.py": ("test", PEERS),
     "benchmarks/peers/triton_app.py": ("cannot", "needs .peers/triton (nvidia-pytriton and its Triton server); make test-peers runs it"),
-    "benchmarks/frontend_jvm.py": measurement("testing.md: the JVM options, a minute a round"),
-    "benchmarks/client_vs_hey.py": measurement("measurements.md: segserve's load generator beside hey, a minute a round"),
-    "benchmarks/loadgen_vs_wrk.py": ("cannot", "needs wrk, which is not installed here; a measurement of the load generator"),
-    "benchmarks/log_volume.py": measurement("serving.md: log bytes per request"),
-    "benchmarks/optimize_ab.py": measurement("optimisation.md: rounds of minutes"),
-    "benchmarks/registration_noise.py": measurement("benchmarking.md: about 3 minutes"),
-    "benchmarks/remeasure_best.py": measurement("search.md: two result folders, about 2 minutes"),
     "benchmarks/stock_server.py": measurement("measurements.md: the stock TorchServe baseline on fixed ports"),
 }
 OUTSIDE_MAKE_TEST = {"long", "peers", "gpu"}  # marks make test deselects (long, peers) or skips without CUDA (gpu)
