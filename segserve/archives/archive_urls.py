@@ -1,15 +1,19 @@
 """A user's archive at a URL, fetched into a local cache before TorchServe registers it: `s3://bucket/key`
-(boto3: credentials, region and endpoint the usual AWS way, `AWS_ENDPOINT_URL` included) or `http(s)://host/path`
-(user:password in the URL is sent as basic auth). The cache is one folder per URL prefix under
+(boto3: credentials, region and endpoint the usual AWS way, `AWS_ENDPOINT_URL` included) or `https://host/path`
+(user:password in the URL is sent as basic auth, to that origin only, never after a redirect to another; plain
+`http://` to loopback only unless the target allows it). Each download is capped in size and may be pinned by its
+SHA-256 (DownloadRules); an archive is code that runs in the server (docs/benchmarking.md). The cache is one folder per URL prefix under
 `$SEGSERVE_CACHE` (default `~/.cache/segserve`)/archives, so that a .war and the node archives beside it land
 together. A URL that does not answer is a RuntimeFailure naming it with its credentials masked."""
 
 import base64
 import hashlib
+import ipaddress
 import os
 import re
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -18,6 +22,26 @@ from segserve.errors import RuntimeFailure, UsageError
 
 REMOTE_SCHEMES = ("s3", "http", "https")
 FETCH_TIMEOUT_S = 60
+CHUNK_BYTES = 2**20
+# The largest archive downloaded unless an archive target says otherwise (`max_download_mb`): a body without end
+# must not fill the disk. Models served by TorchServe on a CPU are rarely over a few hundred MB.
+MAX_DOWNLOAD_MB = 2048
+
+
+@dataclass(frozen=True)
+class DownloadRules:
+    """What a download of a user's archive may do (its archive target's keys, bench/suite/target_spec.py)."""
+
+    max_download_mb: float = MAX_DOWNLOAD_MB
+    plain_http: bool = False  # http:// beyond loopback
+    sha256: tuple[tuple[str, str], ...] = ()  # (an archive's file name, the SHA-256 its bytes must have)
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_download_mb * 2**20)
+
+    def pin(self, name: str) -> str | None:
+        return dict(self.sha256).get(name)
 
 
 def safe_relative_name(name: str, what: str) -> str:
@@ -65,56 +89,150 @@ def cache_folder(prefix: str) -> Path:
     return root / "archives" / hashlib.sha1(prefix.encode()).hexdigest()[:16]
 
 
+def file_name(url: str) -> str:
+    return safe_relative_name(PurePosixPath(urlsplit(url).path).name, masked(url))
+
+
 def local_path(url: str, folder: Path) -> Path:
-    return folder / PurePosixPath(urlsplit(url).path).name
+    return folder / file_name(url)
 
 
-def fetch(url: str, folder: Path) -> Path:
-    """The file at `url` in `folder`, downloaded now (an S3 object whose bytes are there already is kept)."""
+def fetch(url: str, folder: Path, rules: DownloadRules = DownloadRules()) -> Path:
+    """The file at `url` in `folder`, downloaded now (an S3 object whose bytes are there already is kept), within
+    `rules`: a larger body, other bytes than its pin or a scheme it forbids is a RuntimeFailure. A failed fetch
+    leaves no file."""
     target = local_path(url, folder)
     folder.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".part")
     try:
-        body = _s3_object(url, target) if urlsplit(url).scheme == "s3" else _http_body(url)
-    except RuntimeFailure:
+        downloaded = _s3_object(url, target, partial, rules) if urlsplit(url).scheme == "s3" else _http_body(url, partial, rules)
+        _check_pin(url, partial if downloaded else target, rules)
+    except (RuntimeFailure, UsageError):
+        _remove(partial, target)
         raise
     except Exception as error:  # whatever the transport says, as one line naming the URL without its secrets
+        _remove(partial, target)
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise RuntimeFailure(f"{masked(url)} does not answer: {reason.replace(url, masked(url))}") from None
-    if body is not None:
-        partial = target.with_name(target.name + ".part")
-        partial.write_bytes(body)
-        partial.replace(target)  # a reader never sees half an archive
+    if downloaded:
+        partial.replace(target)  # a reader never sees half an archive, nor one that failed its checks
     return target
 
 
-def _http_body(url: str) -> bytes:
+def _remove(*paths: Path) -> None:
+    """A fetch that failed leaves nothing: no half body, and no older copy measured in place of the one refused."""
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def check_scheme(url: str, rules: DownloadRules, what: str = "") -> None:
+    """https, s3, or http to loopback (or anywhere with rules.plain_http): a plain http download crosses the
+    network readable and changeable, credentials and code alike."""
+    parts = urlsplit(url)
+    if parts.scheme == "http" and not rules.plain_http and not is_loopback(parts.hostname or ""):
+        raise RuntimeFailure(
+            f"{what}{masked(url)}: plain http is allowed to loopback only: use https:// (or `plain_http: true` in the archive target)"
+        )
+    if parts.scheme not in REMOTE_SCHEMES:
+        raise RuntimeFailure(f"{what}{masked(url)}: give an https://, http:// (loopback) or s3:// URL")
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _origin(url: str) -> tuple:
+    parts = urlsplit(url)
+    return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Redirects followed within the rules; the credentials of the first URL go to its own origin only."""
+
+    def __init__(self, rules: DownloadRules):
+        self.rules = rules
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        check_scheme(newurl, self.rules, f"{masked(req.full_url)} redirected to ")
+        redirected = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if redirected is not None and _origin(newurl) != _origin(req.full_url):
+            redirected.remove_header("Authorization")
+        return redirected
+
+
+def _http_body(url: str, partial: Path, rules: DownloadRules) -> bool:
+    """The body of `url` written to `partial`, at most rules.max_bytes of it (CA certificates: the system's, or the
+    bundle named by SSL_CERT_FILE)."""
+    check_scheme(url, rules)
     parts = urlsplit(url)
     plain = urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, ""))
     request = urllib.request.Request(plain)
     if parts.username:
         secret = f"{parts.username}:{parts.password or ''}".encode()
         request.add_header("Authorization", "Basic " + base64.b64encode(secret).decode())
+    opener = urllib.request.build_opener(_Redirects(rules))
     try:
-        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_S) as response:
-            return response.read()
+        with opener.open(request, timeout=FETCH_TIMEOUT_S) as response:
+            _check_size(url, int(response.headers.get("Content-Length") or 0), rules)
+            _write_capped(url, iter(lambda: response.read(CHUNK_BYTES), b""), partial, rules)
     except urllib.error.HTTPError as error:
         raise RuntimeFailure(f"{masked(url)} answered HTTP {error.code} {error.reason}") from None
+    return True
 
 
-def _s3_object(url: str, target: Path) -> bytes | None:
-    """The object's bytes, or None when `target` has them already (its MD5 is the object's ETag)."""
+def _check_size(url: str, size_bytes: int, rules: DownloadRules) -> None:
+    if size_bytes > rules.max_bytes:
+        raise RuntimeFailure(
+            f"{masked(url)}: {size_bytes / 2**20:.1f} MB is over the download limit of {rules.max_bytes / 2**20:g} MB "
+            "(`max_download_mb` in the archive target)"
+        )
+
+
+def _write_capped(url: str, chunks, partial: Path, rules: DownloadRules) -> None:
+    """The chunks into `partial`, refused as soon as they pass the limit (a body need not say its length)."""
+    written = 0
+    with open(partial, "wb") as out:
+        for chunk in chunks:
+            written += len(chunk)
+            _check_size(url, written, rules)
+            out.write(chunk)
+
+
+def _check_pin(url: str, path: Path, rules: DownloadRules) -> None:
+    """Nothing when the file has the SHA-256 pinned for its name (or none is); else a RuntimeFailure."""
+    pinned = rules.pin(file_name(url))
+    if pinned is None:
+        return
+    digest = hashlib.sha256()
+    with open(path, "rb") as body:
+        for chunk in iter(lambda: body.read(CHUNK_BYTES), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != pinned:
+        raise RuntimeFailure(f"{masked(url)}: its sha256 is {digest.hexdigest()}, not the pinned {pinned}: refused")
+
+
+def _s3_object(url: str, target: Path, partial: Path, rules: DownloadRules) -> bool:
+    """The object written to `partial` (True), or False when `target` has its bytes already (its MD5 is the
+    object's ETag)."""
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
     parts = urlsplit(url)
-    bucket, key = parts.netloc, parts.path.lstrip("/")
+    # the key as written after the bucket: `s3://bucket//etc/x.mar` is not quietly another object
+    bucket, key = parts.netloc, safe_relative_name(parts.path[1:], f"{masked(url)}: key")
     client = boto3.client("s3", config=Config(retries={"mode": "standard"}, connect_timeout=10, read_timeout=FETCH_TIMEOUT_S))
     try:
-        etag = client.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
-        if target.is_file() and md5_hex(target.read_bytes()) == etag:
-            return None
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        head = client.head_object(Bucket=bucket, Key=key)
+        _check_size(url, head.get("ContentLength", 0), rules)
+        if target.is_file() and md5_hex(target.read_bytes()) == head["ETag"].strip('"'):
+            return False
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        _write_capped(url, body.iter_chunks(CHUNK_BYTES), partial, rules)
+        return True
     except ClientError as error:
         info = error.response.get("Error", {})
         raise RuntimeFailure(f"{masked(url)}: {info.get('Code', '?')}: {info.get('Message') or 'refused'}") from None
