@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
-from segserve.archives.s3_prefix import md5_hex
 from segserve.errors import RuntimeFailure, UsageError
 
 REMOTE_SCHEMES = ("s3", "http", "https")
@@ -186,8 +185,8 @@ def _http_body(url: str, partial: Path, rules: DownloadRules) -> bool:
 def _check_size(url: str, size_bytes: int, rules: DownloadRules) -> None:
     if size_bytes > rules.max_bytes:
         raise RuntimeFailure(
-            f"{masked(url)}: {size_bytes / 2**20:.1f} MB is over the download limit of {rules.max_bytes / 2**20:g} MB "
-            "(`max_download_mb` in the archive target)"
+            f"{masked(url)}: {size_bytes} bytes or more is over the download limit of {rules.max_bytes} bytes "
+            f"(`max_download_mb: {rules.max_download_mb:g}` in the archive target)"
         )
 
 
@@ -220,6 +219,8 @@ def _s3_object(url: str, target: Path, partial: Path, rules: DownloadRules) -> b
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
+
+    from segserve.archives.s3_prefix import md5_hex  # (s3_prefix checks its names with safe_relative_name, from here)
 
     parts = urlsplit(url)
     # the key as written after the bucket: `s3://bucket//etc/x.mar` is not quietly another object

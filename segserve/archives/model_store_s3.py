@@ -27,19 +27,17 @@ def fetch(url: str, local: Path, endpoint_url: str | None = None, log=print) -> 
     store = S3Prefix(url, endpoint_url, "--model-store")
     store.check()
     local.mkdir(parents=True, exist_ok=True)
-    archives = {
-        key: etag
-        for key, etag in store.etags().items()
-        if key.endswith(ARCHIVE_SUFFIXES) and "/" not in key[len(store.prefix) :].strip("/")
-    }
+    # each key's name below the prefix is checked (store.relative) before it becomes a path in `local`
+    listed = {store.relative(key): etag for key, etag in store.etags().items() if key.endswith(ARCHIVE_SUFFIXES)}
+    archives = {name: etag for name, etag in listed.items() if "/" not in name}  # the prefix's own, not a sub-folder's
     if not archives:
         raise UsageError(f"--model-store {url}: no .mar/.war archives there (`segserve build --upload {url}` puts them there)")
     fetched = 0
-    for key, etag in sorted(archives.items()):
-        target = local / key.rsplit("/", 1)[-1]
+    for name, etag in sorted(archives.items()):
+        target = local / name
         if target.is_file() and md5_hex(target.read_bytes()) == etag:
             continue
-        store.get_verified(key, etag, target)
+        store.get_verified(store.key(name), etag, target)
         fetched += 1
     log(f"model store {url}: {fetched} archive(s) downloaded, {len(archives) - fetched} unchanged, in {local}")
     return local

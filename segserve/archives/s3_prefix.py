@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from segserve.archives.archive_urls import safe_relative_name
 from segserve.errors import UsageError
 
 
@@ -34,9 +35,11 @@ class S3Prefix:
         from botocore.config import Config
 
         parts = urlsplit(url)
-        self.url, self.what, self.bucket, self.prefix = url, what, parts.netloc, parts.path.strip("/")
+        self.url, self.what, self.bucket, self.prefix = url, what, parts.netloc, parts.path[1:].rstrip("/")
         if parts.scheme != "s3" or not self.bucket:
             raise UsageError(f"{what} {url}: give s3://bucket/prefix")
+        if self.prefix:  # as written: `s3://bucket//x` or `s3://bucket/a/../b` is not quietly another prefix
+            safe_relative_name(self.prefix, f"{what} {url}: prefix")
         self.client = boto3.client("s3", endpoint_url=endpoint_url, config=Config(retries={"mode": "standard"}))
 
     def call(self, action):
@@ -48,11 +51,18 @@ class S3Prefix:
     def key(self, relative: str) -> str:
         return f"{self.prefix}/{relative}" if self.prefix else relative
 
+    def relative(self, key: str) -> str:
+        """A listed key's name below the prefix, checked before it becomes a local path: a key that climbs out
+        (`prefix/../x.mar`) or is absolute (`prefix//x.mar`) is refused with its name."""
+        return safe_relative_name(key[len(self.prefix) + 1 :] if self.prefix else key, f"{self.what} {self.url}: key {key!r}")
+
     def etags(self) -> dict[str, str]:
         """Key → MD5 (ETag) of every object under the prefix."""
 
         def listed() -> dict[str, str]:
-            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix)
+            # the prefix as a folder: `v1` lists v1/a.mar, not v10/a.mar or v1x.mar
+            folder = self.prefix + "/" if self.prefix else ""
+            pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=folder)
             return {item["Key"]: item["ETag"].strip('"') for page in pages for item in page.get("Contents", [])}
 
         return self.call(listed)

@@ -92,7 +92,8 @@ def test_a_body_over_the_size_cap_is_refused_and_leaves_no_file(origin, tmp_path
     base, _ = origin()
     rules = DownloadRules(max_download_mb=4096 / 2**20)  # 4 KB
     with pytest.raises(
-        RuntimeFailure, match=r"MB is over the download limit of 0\.00390625 MB \(`max_download_mb` in the archive target\)"
+        RuntimeFailure,
+        match=r"bytes or more is over the download limit of 4096 bytes \(`max_download_mb: 0\.00390625` in the archive target\)",
     ):
         fetch(base + path, tmp_path, rules)
     assert list(tmp_path.iterdir()) == []
