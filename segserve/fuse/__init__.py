@@ -6,11 +6,13 @@ import re
 import shutil
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from segserve.archives.build import run_tool, tool
+from segserve.archives.handler_check import handler_import_failure
 from segserve.errors import UsageError
-from segserve.fuse.war import Workflow, read_workflow
+from segserve.fuse.war import ROW_ERRORS, Workflow, read_workflow
 
 HANDLER = Path(__file__).with_name("fused_handler.py")
 PLAN_FILE = "fused_workflow.json"  # what fused_handler.py reads (it imports torch: not imported here)
@@ -22,30 +24,61 @@ def default_out(workflow: Workflow, model_store: Path) -> Path:
     return model_store / f"fused_{workflow.name}.mar"
 
 
-def fuse(war: Path, model_store: Path, out: Path | None = None, log=print) -> Path:
-    """Write the fused .mar (out, or <model_store>/fused_<workflow>.mar); nothing is written when the .war is refused."""
+def write_contents(workflow: Workflow, folder: Path, row_errors: str) -> None:
+    """What the fused .mar holds beside its handler, written into `folder`: the plan, each model node's archive
+    extracted under nodes/<node>/, the .war's function file under workflow/."""
+    folders = {}
+    for node, archive in workflow.archives.items():
+        folders[node] = f"nodes/{node}"
+        with zipfile.ZipFile(archive) as mar:
+            mar.extractall(folder / folders[node])  # zipfile keeps every member inside the folder
+    functions_file = None
+    if workflow.functions_file:
+        functions_file = f"workflow/{Path(workflow.functions_file).name}"
+        (folder / "workflow").mkdir(parents=True)
+        (folder / functions_file).write_bytes(workflow.functions_source)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PLAN_FILE).write_text(json.dumps(workflow.plan(folders, functions_file, row_errors), indent=2))
+
+
+def check_imports(workflow: Workflow, folder: Path) -> None:
+    """Each model node's handler, and the .war's function file, imported as a TorchServe worker would import it (in
+    a process of its own, all at once): one that does not is refused here, naming its node, before any server starts
+    (a worker that cannot import its handler logs only the loader's fallback error)."""
+    handlers = {}  # node → (its folder, its handler string)
+    for node in workflow.archives:
+        manifest = json.loads((folder / "nodes" / node / "MAR-INF" / "MANIFEST.json").read_text())
+        handlers[node] = (folder / "nodes" / node, manifest["model"]["handler"])
+    functions = [node for node in workflow.order if node not in workflow.archives]
+    if functions:  # one import of the file is enough: the functions are checked by name in read_workflow
+        handlers[functions[0]] = (folder / "workflow", f"{Path(workflow.functions_file).name}:{functions[0]}")
+    with ThreadPoolExecutor(len(handlers)) as pool:
+        failures = dict(zip(handlers, pool.map(lambda h: handler_import_failure(*h), handlers.values()), strict=True))
+    for node in workflow.order:
+        if failures.get(node):
+            raise UsageError(f"{workflow.path}: node {node}: its handler does not import: {failures[node]}")
+
+
+def fuse(war: Path, model_store: Path, out: Path | None = None, log=print, row_errors: str = "workflow") -> Path:
+    """Write the fused .mar (out, or <model_store>/fused_<workflow>.mar); nothing is written when the .war is refused,
+    and no file that was there is changed but `out`."""
     if not model_store.is_dir():
         raise UsageError(f"--model-store {model_store}: no such folder")
+    if row_errors not in ROW_ERRORS:
+        raise UsageError(f"--row-errors {row_errors!r}: one of {', '.join(ROW_ERRORS)}")
     workflow = read_workflow(war, model_store)
     out = out or default_out(workflow, model_store)
     if out.suffix != ".mar" or not MODEL_NAME.fullmatch(out.stem):
         raise UsageError(f"--out {out}: must be NAME.mar with a model name of letters, digits, '_' and '-' (got {out.name!r})")
+    if any(out.resolve() == p.resolve() for p in (war, *workflow.archives.values())):
+        raise UsageError(f"--out {out}: is an archive of the workflow itself; name another file")
     for node in workflow.order:
         if not MODEL_NAME.fullmatch(node):
             raise UsageError(f"{war}: node {node!r}: a node name of letters, digits, '_' and '-' only can be fused")
     with tempfile.TemporaryDirectory(prefix="segserve-fuse-") as staging:
         extra = Path(staging) / "extra"
-        folders = {}
-        for node, archive in workflow.archives.items():
-            folders[node] = f"nodes/{node}"
-            with zipfile.ZipFile(archive) as mar:
-                mar.extractall(extra / folders[node])
-        functions_file = None
-        if workflow.functions_file:
-            functions_file = f"workflow/{Path(workflow.functions_file).name}"
-            (extra / "workflow").mkdir(parents=True)
-            (extra / functions_file).write_bytes(workflow.functions_source)
-        (extra / PLAN_FILE).write_text(json.dumps(workflow.plan(folders, functions_file), indent=2))
+        write_contents(workflow, extra, row_errors)
+        check_imports(workflow, extra)
         shutil.copy2(HANDLER, Path(staging) / HANDLER.name)
         export = Path(staging) / "export"
         export.mkdir()

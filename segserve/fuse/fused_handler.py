@@ -6,12 +6,12 @@ archive extracted under nodes/<node>/, and the workflow's function file under wo
 
 Each node is loaded as a TorchServe worker loads a model (ts/model_loader.py): its own Context, its handler module
 imported from its own folder, a `handle` function or the module's one class. Between nodes each row's output is
-encoded as a worker encodes a response (ts/protocol/otf_message_handler.py) and handed to the child as
-{"body": bytearray} with the request's headers: what TorchServe's DagExecutor.java sends a child node. Several
-leaves answer one JSON object, pretty-printed as WorkflowManager.java's Gson does.
-
-Unlike the workflow, a row that fails in a node (its status not 2xx, or the node raised on it alone) is answered
-with that node's error and goes no further; its batch-mates go on.
+encoded as a worker encodes a response (ts/protocol/otf_message_handler.py) and handed on as DagExecutor.java hands
+it: a child of one parent gets {"body": bytearray}, a join one entry per parent named after it, each with the
+request's headers. What a row is answered follows /wfpredict (WorkflowManager.java, RestJob.java): a node's status is
+dropped between nodes, a batch a node fails is sent again, and a row that still fails is answered 500 "Error executing
+<node>"; or, with row_errors "node", a row a node refuses or fails stops there with that node's answer. docs/fuse.md
+has the facts and their sources.
 """
 
 import importlib
@@ -37,24 +37,33 @@ FAILED_STATUS = 503  # what a TorchServe worker answers for a handler that raise
 
 @dataclass
 class Answer:
-    """One row's result from one node: its status, as the worker would send it, and its body encoded as bytes."""
+    """One row's result from one node: its status, as the worker would send it, and its body encoded as bytes;
+    `failed` when the node failed the row's batch every time it was sent (the body then says why)."""
 
     status: int
     phrase: str
     content_type: str | None
     body: bytes
+    failed: bool = False
 
     @property
     def ok(self) -> bool:
-        return 200 <= self.status < 300
+        return 200 <= self.status < 300 and not self.failed
 
 
-def error_answer(status: int, message: str) -> Answer:
-    return Answer(status, "", "application/json", json.dumps({"error": message}).encode())
+def error_answer(status: int, message: str, failed: bool = False) -> Answer:
+    return Answer(status, "", "application/json", json.dumps({"error": message}).encode(), failed)
 
 
-class WrongRows(PredictionException):
-    """A node answered a batch with another number of rows: its whole batch fails, as TorchServe fails it."""
+def workflow_error(node: str) -> Answer:
+    """What /wfpredict answers when a node failed a request every time: NettyUtils.sendError's ErrorResponse, Gson
+    pretty with a final newline; its message the last ':'-piece of the exception DagExecutor.java threw."""
+    error = {"code": JsonNumber("500"), "type": "InternalServerException", "message": f"Error executing {node}"}
+    return Answer(500, "Internal Server Error", "application/json", (gson_pretty(error) + "\n").encode("utf-8"))
+
+
+class BatchFailed(Exception):
+    """A node's batch failed as a whole, as the worker fails it (not a list, wrong length, an output it cannot send)."""
 
 
 @dataclass
@@ -63,23 +72,34 @@ class Node:
     entry: object  # handle(data, context)
     context: Context
     one_row_at_a_time: bool  # a workflow function node: TorchServe registers it with batch size 1
+    retry_attempts: int  # after a failed batch, how often each of its rows is sent again, alone
 
     def run(self, rows: list, headers: list[dict], request_ids: list) -> list[Answer]:
-        """Each row's answer; a batch the node raises on is run again row by row, so only the failing rows fail."""
-        if self.one_row_at_a_time and len(rows) > 1:
-            return [a for i in range(len(rows)) for a in self.run(rows[i : i + 1], headers[i : i + 1], request_ids[i : i + 1])]
-        try:
-            return self._call(rows, headers, request_ids)
-        except WrongRows:
-            raise
-        except Exception as error:
-            if len(rows) > 1:
-                logger.warning("node %s failed on a batch of %d; running its rows one by one", self.name, len(rows), exc_info=True)
-                return [a for i in range(len(rows)) for a in self.run(rows[i : i + 1], headers[i : i + 1], request_ids[i : i + 1])]
-            logger.warning("node %s failed on a row", self.name, exc_info=True)
-            if isinstance(error, PredictionException):
-                return [error_answer(error.error_code, f"node {self.name}: {error.message}")]
-            return [error_answer(FAILED_STATUS, f"node {self.name}: {type(error).__name__}: {error}")]
+        """Each row's answer. A batch the node fails is sent again row by row, as the frontend sends each request of
+        it again (DagExecutor.invokeModel); a row that fails its last try is answered failed."""
+        size = 1 if self.one_row_at_a_time else len(rows)
+        answers = []
+        for start in range(0, len(rows), size):
+            batch = slice(start, start + size)
+            try:
+                answers += self._call(rows[batch], headers[batch], request_ids[batch])
+            except Exception as error:
+                logger.warning("node %s failed a batch of %d", self.name, len(rows[batch]), exc_info=True)
+                answers += [self._retried(rows[i], headers[i], request_ids[i], error) for i in range(start, start + len(rows[batch]))]
+        return answers
+
+    def _retried(self, row, headers: dict, request_id, error: Exception) -> Answer:
+        for _ in range(self.retry_attempts):
+            try:
+                return self._call([row], [headers], [request_id])[0]
+            except Exception as again:
+                logger.warning("node %s failed a row sent again", self.name, exc_info=True)
+                error = again
+        if isinstance(error, PredictionException):
+            return error_answer(error.error_code, f"node {self.name}: {error.message}", failed=True)
+        if isinstance(error, BatchFailed):
+            return error_answer(FAILED_STATUS, f"node {self.name} {error}", failed=True)
+        return error_answer(FAILED_STATUS, f"node {self.name}: {type(error).__name__}: {error}", failed=True)
 
     def _call(self, rows: list, headers: list[dict], request_ids: list) -> list[Answer]:
         self.context.request_ids = dict(enumerate(request_ids))
@@ -87,15 +107,14 @@ class Node:
         out = self.entry(rows, self.context)
         if not isinstance(out, list) or len(out) != len(rows):
             got = f"{len(out)} rows" if isinstance(out, list) else f"a {type(out).__name__}, not a list"
-            raise WrongRows(f"node {self.name} answered {got} for a batch of {len(rows)}", FAILED_STATUS)
+            raise BatchFailed(f"answered {got} for a batch of {len(rows)}")
         answers = []
         for idx, value in enumerate(out):
             status, phrase = self.context.get_response_status(idx)
             try:
                 body = as_bytes(value)
             except TypeError:
-                answers.append(error_answer(FAILED_STATUS, f"node {self.name}: unsupported output type {type(value).__name__}"))
-                continue
+                raise BatchFailed(f"unsupported output type {type(value).__name__}") from None
             answers.append(Answer(status or 200, phrase or "", self.context.get_response_content_type(idx), body))
         return answers
 
@@ -189,7 +208,7 @@ def node_context(name: str, folder: Path, manifest: dict | None, batch_size: int
     )
 
 
-def load_model_node(workflow: str, node: str, folder: Path, fused: Context) -> Node:
+def load_model_node(workflow: str, node: str, folder: Path, fused: Context, retry_attempts: int) -> Node:
     manifest = json.loads((folder / "MAR-INF" / "MANIFEST.json").read_text())
     handler = manifest["model"]["handler"]
     context = node_context(f"{workflow}__{node}", folder, manifest, fused.system_properties.get("batch_size") or 1, fused)
@@ -197,15 +216,15 @@ def load_model_node(workflow: str, node: str, folder: Path, fused: Context) -> N
         module = handler_module(node, folder, handler)
         entry, initialize = entry_points(module, handler.split(":", 1)[1] if ":" in handler else None)
         initialize(context)
-    return Node(node, entry, context, one_row_at_a_time=False)
+    return Node(node, entry, context, one_row_at_a_time=False, retry_attempts=retry_attempts)
 
 
-def load_function_node(workflow: str, node: str, functions, folder: Path, fused: Context) -> Node:
+def load_function_node(workflow: str, node: str, functions, folder: Path, fused: Context, retry_attempts: int) -> Node:
     context = node_context(f"{workflow}__{node}", folder, None, 1, fused)
     entry = getattr(functions, node)
     with node_folder(folder):
         entry(None, context)  # TorchServe's load-time call of a function entry point
-    return Node(node, entry, context, one_row_at_a_time=True)
+    return Node(node, entry, context, one_row_at_a_time=True, retry_attempts=retry_attempts)
 
 
 # The DAG ---------------------------------------------------------------------------------------------------
@@ -216,8 +235,9 @@ class FusedWorkflow:
         model_dir = Path(context.system_properties["model_dir"])
         plan = json.loads((model_dir / PLAN_FILE).read_text())
         self.workflow = plan["workflow"]
+        self.stop_at_node = plan["row_errors"] == "node"
         self.order: list[str] = plan["order"]  # parents before children
-        self.parent: dict[str, str] = {child: node for node, kids in plan["children"].items() for child in kids}
+        self.parents: dict[str, list[str]] = plan["parents"]  # in `order`'s order
         self.leaves: list[str] = plan["leaves"]
         functions = None
         if plan.get("functions_file"):
@@ -226,14 +246,15 @@ class FusedWorkflow:
                 functions = import_file(path, f"_fused_functions_{path.stem}")
         self.nodes: dict[str, Node] = {}
         for name in self.order:
-            kind = plan["nodes"][name]["kind"]
+            node = plan["nodes"][name]
+            # a row of the node mode goes on to its batch-mates' end at least once (the mode's promise)
+            retries = max(1, node["retry_attempts"]) if self.stop_at_node else node["retry_attempts"]
             try:
-                if kind == "model":
-                    self.nodes[name] = load_model_node(self.workflow, name, model_dir / plan["nodes"][name]["folder"], context)
+                if node["kind"] == "model":
+                    self.nodes[name] = load_model_node(self.workflow, name, model_dir / node["folder"], context, retries)
                 else:
-                    self.nodes[name] = load_function_node(
-                        self.workflow, name, functions, (model_dir / plan["functions_file"]).parent, context
-                    )
+                    folder = (model_dir / plan["functions_file"]).parent
+                    self.nodes[name] = load_function_node(self.workflow, name, functions, folder, context, retries)
             except Exception as error:
                 raise RuntimeError(
                     f"fused workflow {self.workflow}: node {name} failed to load: {type(error).__name__}: {error}"
@@ -243,33 +264,43 @@ class FusedWorkflow:
         rows = len(data)
         request_ids = [context.get_request_id(i) for i in range(rows)]
         root_headers = [dict(context.get_all_request_header(i)) for i in range(rows)]
-        # the request's own headers, without the parameters' (each parameter's name maps to its content type)
+        # the request's own headers, without its parameters' (each parameter's name maps to its content type)
         request_headers = [{k: v for k, v in root_headers[i].items() if k not in data[i]} for i in range(rows)]
-        failed: list[Answer | None] = [None] * rows
+        stopped: list[Answer | None] = [None] * rows
         outputs: dict[str, list[Answer | None]] = {}
         for name in self.order:
-            alive = [i for i in range(rows) if failed[i] is None]
+            alive = [i for i in range(rows) if stopped[i] is None]
             if not alive:
                 break
-            if name in self.parent:
-                parent = outputs[self.parent[name]]
-                inputs = [{"body": bytearray(parent[i].body)} for i in alive]
-                headers = [{**request_headers[i], "body": {"content-type": ""}} for i in alive]
-            else:
-                inputs, headers = [data[i] for i in alive], [root_headers[i] for i in alive]
+            inputs, headers = self._inputs(name, alive, data, root_headers, request_headers, outputs)
             answers = self.nodes[name].run(inputs, headers, [request_ids[i] for i in alive])
             outputs[name] = [None] * rows
             for i, answer in zip(alive, answers, strict=True):
                 outputs[name][i] = answer
-                if not answer.ok:
-                    failed[i] = answer
-        return [self._respond(context, i, failed[i] or self._combined(outputs, i)) for i in range(rows)]
+                if answer.failed and not self.stop_at_node:
+                    stopped[i] = workflow_error(name)
+                elif not answer.ok and self.stop_at_node:
+                    stopped[i] = answer
+        return [self._respond(context, i, stopped[i] or self._combined(outputs, i)) for i in range(rows)]
+
+    def _inputs(self, name: str, alive: list[int], data, root_headers, request_headers, outputs) -> tuple[list, list]:
+        """What DagExecutor.java sends node `name` for each row: the start node the request's own parameters; a child
+        of one parent {"body": its bytes}; a join child one parameter per parent, named after it (TorchServe: in the
+        order the parents finished; here in DAG order). Each parameter has no content type; every node gets the
+        request's headers."""
+        parents = self.parents[name]
+        if not parents:
+            return [data[i] for i in alive], [root_headers[i] for i in alive]
+        names = ["body"] if len(parents) == 1 else parents
+        inputs = [{n: bytearray(outputs[p][i].body) for n, p in zip(names, parents, strict=True)} for i in alive]
+        headers = [{**{n: {"content-type": ""} for n in names}, **request_headers[i]} for i in alive]
+        return inputs, headers
 
     def _combined(self, outputs: dict[str, list], i: int) -> Answer:
-        """One leaf: its bytes. Several: {leaf: its JSON object} as WorkflowManager.java answers (Gson, pretty)."""
+        """One leaf: its bytes as application/json (whatever the leaf said). Several: {leaf: its JSON object} as
+        WorkflowManager.java answers (Gson, pretty, a final newline)."""
         if len(self.leaves) == 1:
-            leaf = outputs[self.leaves[0]][i]
-            return Answer(200, "", leaf.content_type or "application/json", leaf.body)
+            return Answer(200, "", "application/json", outputs[self.leaves[0]][i].body)
         combined = {}
         for leaf in self.leaves:
             try:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import ts
+from ts.context import Context, RequestProcessor
 
 from segserve import fuse
 from segserve.cli import main
@@ -26,10 +28,10 @@ def war(folder: Path, spec: str, functions: str = "", name: str = "flow") -> Pat
     return path
 
 
-def mar(folder: Path, name: str) -> None:
+def mar(folder: Path, name: str, handler: str = "def handle(data, context):\n    return data\n") -> None:
     with zipfile.ZipFile(folder / f"{name}.mar", "w") as archive:
         archive.writestr("MAR-INF/MANIFEST.json", json.dumps({"runtime": "python", "model": {"modelName": name, "handler": "h.py"}}))
-        archive.writestr("h.py", "def handle(data, context):\n    return data\n")
+        archive.writestr("h.py", handler)
 
 
 @pytest.mark.parametrize(
@@ -38,17 +40,12 @@ def mar(folder: Path, name: str) -> None:
         ("models: {}\n", "", "flow.war: its spec spec.yaml has no dag: mapping"),
         ("models:\n  a: {url: a.mar}\n  m: {url: missing.mar}\ndag:\n  a: [m]\n", "", "flow.war: node m: no missing.mar in "),
         (
-            "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\n  c: {url: a.mar}\ndag:\n  a: [b, c]\n  b: [d]\n  c: [d]\n",
-            "def d(x, y): pass",
-            "flow.war: node d joins b, c",
-        ),
-        (
             "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b]\n  b: [a]\n",
             "",
             "flow.war: the DAG has 0 start nodes (none: a cycle)",
         ),
         (
-            "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b]\n  c: [d]\n  d: [c]\n",
+            "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b]\n  b: [c]\n  c: [d]\n  d: [c]\n",
             "def c(x, y): pass\ndef d(x, y): pass",
             "flow.war: node c: a cycle (c → d → c)",
         ),
@@ -62,6 +59,28 @@ def mar(folder: Path, name: str) -> None:
             "",
             "flow.war: the DAG has 2 start nodes (a, b); TorchServe accepts one",
         ),
+        ("models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b, b]\n", "", "flow.war: node a: lists its child b twice"),
+        ("models:\n  a: {url: a.mar}\ndag:\n  a: [a]\n", "", "flow.war: node a: a self loop"),
+        (
+            "models:\n  a: {url: ../a.mar}\ndag:\n  a: []\n",
+            "",
+            "flow.war: node a: url: '../a.mar' is not a relative name inside its folder",
+        ),
+        (
+            "models:\n  a: {url: /etc/a.mar}\ndag:\n  a: []\n",
+            "",
+            "flow.war: node a: url: '/etc/a.mar' is not a relative name inside its folder",
+        ),
+        (
+            "models:\n  a: {url: 'https://example.com/a.mar'}\ndag:\n  a: []\n",
+            "",
+            "flow.war: node a: url 'https://example.com/a.mar' is not a .mar file name in the model store",
+        ),
+        (
+            "models:\n  retry-attempts: two\n  a: {url: a.mar}\ndag:\n  a: []\n",
+            "",
+            "flow.war: models.retry-attempts: a whole number of 0 or more (got 'two')",
+        ),
     ],
 )
 def test_a_workflow_it_cannot_fuse_is_one_error_line_naming_the_file_and_node_and_nothing_is_written(
@@ -70,10 +89,11 @@ def test_a_workflow_it_cannot_fuse_is_one_error_line_naming_the_file_and_node_an
     mar(tmp_path, "a")
     mar(tmp_path, "b")
     path = war(tmp_path, spec, functions)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert main(["fuse", str(path), "--model-store", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: {path}: ") and message in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.mar", "b.mar", "flow.war"]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # the store as it was, byte for byte
 
 
 def test_a_file_that_is_not_a_workflow_archive_is_refused(tmp_path, capsys):
@@ -82,23 +102,59 @@ def test_a_file_that_is_not_a_workflow_archive_is_refused(tmp_path, capsys):
     assert "x.war: not a workflow archive with a spec" in capsys.readouterr().err
 
 
+def test_out_may_not_be_one_of_the_workflows_own_archives_nor_row_errors_another_word(tmp_path, capsys):
+    mar(tmp_path, "a")
+    path = war(tmp_path, "models:\n  a: {url: a.mar}\ndag:\n  a: []\n")
+    assert main(["fuse", str(path), "--model-store", str(tmp_path), "--out", str(tmp_path / "a.mar")]) == 2
+    assert "a.mar: is an archive of the workflow itself" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's choices: exit 2
+        main(["fuse", str(path), "--model-store", str(tmp_path), "--row-errors", "rows"])
+    assert "invalid choice: 'rows'" in capsys.readouterr().err
+
+
 def test_the_plan_lists_parents_before_children_and_the_leaves_in_the_specs_order(tmp_path):
     mar(tmp_path, "a")
     path = war(
         tmp_path,
         "models:\n  a: {url: a.mar}\ndag:\n  pre: [a]\n  a: [left, right]\n",
-        "def pre(d, c): pass\ndef left(d, c): pass\ndef right(d, c): pass",
+        "def pre(d, c): pass\ndef left(d, c): pass\nfrom os import path as right\n",  # any top-level name is a function
     )
     workflow = fuse.read_workflow(path, tmp_path)
     plan = workflow.plan({"a": "nodes/a"}, "workflow/f.py")
     assert plan["order"] == ["pre", "a", "left", "right"] and plan["leaves"] == ["left", "right"]
+    assert plan["parents"] == {"pre": [], "a": ["pre"], "left": ["a"], "right": ["a"]} and plan["row_errors"] == "workflow"
     assert plan["nodes"] == {
-        "pre": {"kind": "function"},
-        "a": {"kind": "model", "folder": "nodes/a"},
-        "left": {"kind": "function"},
-        "right": {"kind": "function"},
+        "pre": {"kind": "function", "retry_attempts": 1},
+        "a": {"kind": "model", "folder": "nodes/a", "retry_attempts": 1},
+        "left": {"kind": "function", "retry_attempts": 1},
+        "right": {"kind": "function", "retry_attempts": 1},
     }
     assert fuse.PLAN_FILE == fused_handler.PLAN_FILE
+
+
+def test_a_join_lists_its_parents_in_dag_order_whatever_order_the_spec_names_them(tmp_path):
+    """The dog-breed shape (a join of a function node and a model node) and a diamond written bottom-up: each
+    node's parents in the order the plan runs them (TorchServe hands a join's parameters in the order its parents
+    finished, which a parent's own parent always precedes)."""
+    for name in ("a", "b"):
+        mar(tmp_path, name)
+    dog = war(tmp_path, "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  pre: [b, a]\n  a: [b]\n", "def pre(d, c): pass")
+    workflow = fuse.read_workflow(dog, tmp_path)
+    assert workflow.order == ["pre", "a", "b"] and workflow.parents["b"] == ["pre", "a"] and workflow.leaves == ["b"]
+    spec = "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  c: [d]\n  b: [d]\n  top: [c, b]\n"
+    diamond = fuse.read_workflow(war(tmp_path, spec, "def top(d, c): pass\ndef c(d, x): pass\nd = c\n", "diamond"), tmp_path)
+    assert diamond.order == ["top", "c", "b", "d"] and diamond.parents["d"] == ["c", "b"] and diamond.leaves == ["d"]
+
+
+def test_retry_attempts_are_read_as_torchserve_reads_them_a_default_below_a_node_does_not_reach_it(tmp_path):
+    for name in ("a", "b", "c"):
+        mar(tmp_path, name)
+    spec = (
+        "models:\n  a: {url: a.mar}\n  retry-attempts: 3\n  b: {url: b.mar}\n  c: {url: c.mar, retry-attempts: 0}\n"
+        "dag:\n  a: [b, f]\n  b: [c]\n"
+    )
+    workflow = fuse.read_workflow(war(tmp_path, spec, "def f(d, c): pass"), tmp_path)
+    assert workflow.retry_attempts == {"a": 1, "b": 3, "f": 3, "c": 0}
 
 
 def test_leaves_are_combined_as_gson_pretty_prints_them():
@@ -120,14 +176,15 @@ def test_a_nodes_output_is_encoded_as_a_torchserve_worker_sends_it():
 
 
 def test_a_default_handler_name_resolves_to_torchserves_own_and_a_missing_package_names_itself(tmp_path, monkeypatch):
-    with pytest.raises(ModuleNotFoundError, match="captum"):  # 0.12's vision handlers need captum, not installed
+    for name in ("ts.torch_handler.vision_handler", "ts.torch_handler.image_classifier"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setitem(sys.modules, "captum", None)  # as where captum is not installed: TorchServe does not need it
+    with pytest.raises(ModuleNotFoundError, match="captum"):  # 0.12's vision handlers import it
         fused_handler.handler_module("classifier", tmp_path, "image_classifier")
     captum = types.ModuleType("captum")
     captum.attr = types.SimpleNamespace(IntegratedGradients=object)
     monkeypatch.setitem(sys.modules, "captum", captum)
     monkeypatch.setitem(sys.modules, "captum.attr", captum.attr)
-    monkeypatch.delitem(sys.modules, "ts.torch_handler.vision_handler", raising=False)
-    monkeypatch.delitem(sys.modules, "ts.torch_handler.image_classifier", raising=False)
     module = fused_handler.handler_module("classifier", tmp_path, "image_classifier")
     handle, _ = fused_handler.entry_points(module, None)
     assert module.__name__ == "ts.torch_handler.image_classifier" and type(handle.__self__).__name__ == "ImageClassifier"
@@ -144,3 +201,120 @@ def test_two_nodes_handler_files_of_one_name_import_their_own_helpers(tmp_path):
         with fused_handler.node_folder(tmp_path / node):
             found.append(fused_handler.handler_module(node, tmp_path / node, "handler.py:handle").handle([None], None))
     assert found == [["left"], ["right"]] and "helper" not in sys.modules
+
+
+# The fused handler in process, on a dog-breed-shaped DAG: a function node first, a model node that refuses or
+# raises on some rows, and a join node keeping per-batch state on self that answers text for some rows, JSON for others.
+PRE = "def pre(data, context):\n    if data is None:\n        return None\n    return [bytes(row['body']).strip() for row in data]\n"
+CLASSIFY = """
+TRIES = []
+
+
+def handle(data, context):
+    if data is None:
+        return None
+    TRIES.append([bytes(row["body"]) for row in data])
+    if b"raise" in TRIES[-1]:
+        raise ValueError("cannot classify this")
+    answers = []
+    for i, text in enumerate(TRIES[-1]):
+        if text == b"refuse":
+            context.set_response_status(400, "Bad Request", i)
+            answers.append({"error": "refused"})
+        else:
+            answers.append("dog" if text.startswith(b"d") else "cat")
+    return answers
+"""
+BREED = """
+class Breed:
+    def initialize(self, context):
+        pass
+
+    def handle(self, data, context):
+        self.is_dogs = [bytes(row["classify"]) == b"dog" for row in data]
+        self.rows = data
+        return self.postprocess(context)
+
+    def postprocess(self, context):
+        answers = []
+        for i, row in enumerate(self.rows):
+            if self.is_dogs[i]:
+                headers = {key: context.get_request_header(i, key) for key in ("pre", "classify", "x-row")}
+                answers.append({"keys": list(row), "text": bytes(row["pre"]).decode(), "headers": headers})
+            else:
+                answers.append("It's a " + bytes(row["classify"]).decode() + "!")
+        return answers
+"""
+
+
+def fused_model(tmp_path: Path, row_errors: str):
+    """The fused handler loaded as a worker loads it, on what `segserve fuse` puts beside it (no archiver)."""
+    mar(tmp_path, "classify", CLASSIFY)
+    mar(tmp_path, "breed", BREED)
+    spec = "models:\n  retry-attempts: 2\n  classify: {url: classify.mar}\n  breed: {url: breed.mar}\n"
+    spec += "dag:\n  pre: [classify, breed]\n  classify: [breed]\n"
+    workflow = fuse.read_workflow(war(tmp_path, spec, PRE), tmp_path)
+    fuse.write_contents(workflow, tmp_path / "fused", row_errors)
+    context = Context("fused_flow", str(tmp_path / "fused"), None, 8, None, ts.__version__)
+    fused_handler.handle(None, context)
+    return context, sys.modules["_fused_classify_h"]
+
+
+def answer(context, bodies: list[bytes]) -> list[tuple[int, str | None, bytes]]:
+    context.request_ids = {i: f"request-{i}" for i in range(len(bodies))}
+    context.request_processor = [RequestProcessor({"body": {"content-type": ""}, "x-row": str(i)}) for i in range(len(bodies))]
+    out = fused_handler.handle([{"body": bytearray(b)} for b in bodies], context)
+    return [(context.get_response_status(i)[0], context.get_response_content_type(i), out[i]) for i in range(len(bodies))]
+
+
+def test_a_join_gets_one_parameter_per_parent_and_the_requests_headers_and_a_refused_row_is_handed_on(tmp_path):
+    context, classify = fused_model(tmp_path, "workflow")
+    answers = answer(context, [b" dingo ", b"cat", b"refuse"])
+    dog = {
+        "keys": ["pre", "classify"],
+        "text": "dingo",
+        "headers": {"pre": {"content-type": ""}, "classify": {"content-type": ""}, "x-row": "0"},
+    }
+    assert answers[0] == (200, "application/json", json.dumps(dog, indent=2).encode())
+    assert answers[1] == (200, "application/json", b"It's a cat!")
+    # the workflow drops the 400 between nodes: the join gets the refusal's body as classify's answer
+    assert answers[2] == (200, "application/json", b'It\'s a {\n  "error": "refused"\n}!')
+    assert classify.TRIES == [[b"dingo", b"cat", b"refuse"]]  # one batch
+
+
+def test_a_row_a_node_fails_is_sent_again_alone_and_then_answered_as_the_workflow_answers_it(tmp_path):
+    context, classify = fused_model(tmp_path, "workflow")
+    answers = answer(context, [b"raise", b"cat"])
+    error = b'{\n  "code": 500,\n  "type": "InternalServerException",\n  "message": "Error executing classify"\n}\n'
+    assert answers == [(500, "application/json", error), (200, "application/json", b"It's a cat!")]
+    # the batch, then each row alone: the failing one retry-attempts (2) times, as the frontend sends it again
+    assert classify.TRIES == [[b"raise", b"cat"], [b"raise"], [b"raise"], [b"cat"]]
+
+
+def test_row_errors_node_stops_a_refused_or_failed_row_at_its_node_and_serves_its_batch_mates(tmp_path):
+    context, _ = fused_model(tmp_path, "node")
+    answers = answer(context, [b"refuse", b"raise", b"cat"])
+    assert answers[0] == (400, None, b'{\n  "error": "refused"\n}')
+    assert answers[1] == (503, "application/json", b'{"error": "node classify: ValueError: cannot classify this"}')
+    assert answers[2] == (200, "application/json", b"It's a cat!")
+
+
+@pytest.mark.parametrize(
+    "handler, functions, message",
+    [
+        ("import segserve_test_absent_module\n", "", "node a: its handler does not import: ModuleNotFoundError: No module named"),
+        (
+            "def handle(d, c):\n    return d\n",
+            "import segserve_test_absent_module\ndef f(d, c): pass\n",
+            "node f: its handler does not import",
+        ),
+    ],
+)
+def test_a_handler_that_does_not_import_is_refused_naming_its_node_before_anything_is_built(tmp_path, capsys, handler, functions, message):
+    mar(tmp_path, "a", handler)
+    path = war(tmp_path, "models:\n  a: {url: a.mar}\ndag:\n  a: [f]\n", functions or "def f(d, c): pass\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert main(["fuse", str(path), "--model-store", str(tmp_path)]) == 2  # before the archiver (a unit test may not run it)
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {message}") and "segserve_test_absent_module" in err and err.count("\n") == 1, err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
