@@ -1,11 +1,12 @@
 """Archives segserve never built (a user's .mar or .war) as targets of a suite, registered as they are.
 
-The user's files are never changed and their handlers never imported here. A .mar is copied into the bench's
-model store and registered with the point's batch size, delay, timeout and workers (management API
-parameters). A .war is copied with its spec's `models:` rewritten for the point (TorchServe reads a
-workflow's batching and workers from there only), beside copies of the .mar files its nodes name, taken from
-the target's model_store. What is wrong with an archive (not a zip, no MANIFEST, a handler that does not load)
-is for TorchServe to say when the point registers it: that point fails with its reason and the suite goes on.
+The user's files are never changed and their model handlers never imported here (a .war's function nodes run in
+this process for `members: true`: dag_requests.py). A .mar is copied into the bench's model store and registered
+with the point's batch size, delay, timeout and workers (management API parameters). A .war is copied with its
+spec's `models:` rewritten for the point (TorchServe reads a workflow's batching and workers from there only),
+beside copies of the .mar files its nodes name, taken from the target's model_store. What is wrong with an archive
+(not a zip, no MANIFEST, a handler that does not load) is for TorchServe to say when the point registers it: that
+point fails with its reason and the suite goes on. A .war node url that would leave the model store is refused.
 """
 
 import io
@@ -17,8 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from segserve.archives.archive_urls import cache_folder, fetch, folder_of, is_remote, joined, local_path
+from segserve.archives.archive_urls import cache_folder, fetch, folder_of, is_remote, joined, local_path, safe_relative_name
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
+from segserve.archives.dag_requests import FunctionFile, evaluation_order, function_names, node_requests, parents_of
 from segserve.archives.registration import WORKFLOW_MODEL_KEYS
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -34,7 +36,8 @@ class ForeignArchive:
     spec: dict | None = None  # a .war's workflow spec, as read from it (None: a .mar, or a .war that cannot be read)
     spec_file: str | None = None  # its name inside the .war
     node: str | None = None  # a .war's member: the node whose .mar it is (its one node is named so)
-    parent: str | None = None  # a member below the root: the member whose answers it is sent
+    workflow: str | None = None  # a member below the start node: the .war target whose DAG gives what it is sent
+    functions_file: str | None = None  # a .war's function file (its manifest's handler), where function nodes live
     source: str | None = None  # the URL `path` is fetched from (segserve/archives/remote.py)
     store_source: str | None = None  # the URL prefix `model_store` is fetched from
 
@@ -72,35 +75,46 @@ class ForeignArchive:
         return f"{self.name}-{node}"
 
     def members(self) -> list["ForeignArchive"]:
-        """Each model node's .mar as a target of its own, measured alone: the root sent this .war's inputs, every
-        other node what its parent answers for them (TorchServe hands a node's answer on as its children's
-        request body). A node below a function node cannot be: the function runs in TorchServe's frontend."""
+        """Each model node's .mar as a target of its own, measured alone on what the workflow sends it: the start
+        node this .war's inputs, every other node what its DAG makes of them (node_requests). Function nodes are
+        not members: TorchServe runs them at batch size 1 in a worker of their own, measured only inside the DAG."""
+        where = f"targets.{self.name}.members"
         if self.spec is None:
-            raise UsageError(f"targets.{self.name}.members: {self.path.name} has no workflow spec segserve can read")
+            raise UsageError(f"{where}: {self.path.name} has no workflow spec segserve can read")
         dag = self.spec.get("dag") or {}
-        parents: dict[str, list[str]] = {}
-        for parent, children in dag.items():
-            for child in children or []:
-                parents.setdefault(child, []).append(parent)
+        evaluation_order(dag, f"{where}: {self.path.name}")  # a DAG TorchServe would refuse: refused here too
+        parents = parents_of(dag)
+        functions = [node for node in parents if node not in self.nodes]
+        try:
+            defined = function_names(self.path, self.functions_file) if functions and self.functions_file else set()
+        except (KeyError, SyntaxError, ValueError) as error:
+            raise UsageError(f"{where}: {self.path.name}: its function file {self.functions_file} does not parse: {error}") from None
+        for node in functions:
+            if node not in defined:
+                raise UsageError(
+                    f"{where}: node {node!r} of the dag is neither a model of models: nor a function of "
+                    f"{self.functions_file or 'its handler file'}: TorchServe could not run it"
+                )
         members = []
         for node, url in self.nodes.items():
-            if len(parents.get(node, [])) > 1:  # TorchServe 0.12 sends a join one input per parent, not one body
-                joined_from = ", ".join(parents[node])
-                raise UsageError(
-                    f"targets.{self.name}.members: node {node!r} joins {joined_from}: its inputs cannot be captured as one body"
-                )
-            parent = (parents.get(node) or [None])[0]
-            if parent is not None and parent not in self.nodes:
-                raise UsageError(
-                    f"targets.{self.name}.members: node {node!r} is sent what function node {parent!r} answers, which "
-                    "runs in TorchServe's frontend: its inputs cannot be captured alone (give it as an archive target "
-                    "with inputs of its own)"
-                )
-            member_parent = None if parent is None else self.member_name(parent)
+            workflow = self.name if parents.get(node) else None  # the start node is sent the .war's own inputs
             path, source = self.model_store / url, joined(self.store_source, url) if self.store_source else None
             remote = {"source": source, "store_source": self.store_source}
-            members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, parent=member_parent, **remote))
+            members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, workflow=workflow, **remote))
         return members
+
+    def node_requests(self, inputs: list[bytes], capture) -> dict[str, list[bytes]]:
+        """What each node of the DAG is sent for these inputs of the workflow: a model node's answers from
+        `capture(member name, bodies)` (its .mar registered alone), a function node's from the .war's function file
+        run here (segserve/archives/dag_requests.py)."""
+        with FunctionFile(self.path, self.name, self.functions_file or "") as functions:
+
+            def answer(node: str, bodies: list[bytes]) -> list[bytes]:
+                if node in self.nodes:
+                    return list(capture(self.member_name(node), tuple(bodies)))
+                return functions.answers(node, bodies)
+
+            return node_requests(self.spec.get("dag") or {}, inputs, answer)
 
     def _leaves(self) -> list[str]:
         dag = (self.spec or {}).get("dag") or {}
@@ -199,10 +213,17 @@ def _read(name: str, path: Path, store: Path, remote: dict) -> ForeignArchive:
         return ForeignArchive(name, path, store, **remote)
     try:
         with zipfile.ZipFile(path) as war:
-            spec_file = json.loads(war.read(WAR_MANIFEST))["workflow"]["specFile"]
+            workflow = json.loads(war.read(WAR_MANIFEST))["workflow"]
+            spec_file, functions_file = workflow["specFile"], workflow.get("handler")
             spec = yaml.safe_load(io.BytesIO(war.read(spec_file)))
         if not isinstance(spec, dict) or not isinstance(spec.get("models"), dict):
             raise ValueError("no models: mapping")
     except (zipfile.BadZipFile, KeyError, ValueError, TypeError, yaml.YAMLError):
         return ForeignArchive(name, path, store, **remote)
-    return ForeignArchive(name, path, store, spec, spec_file, **remote)
+    for node, entry in spec["models"].items():  # each node's url becomes a path in the model store
+        if isinstance(entry, dict) and isinstance(entry.get("url"), str):
+            safe_relative_name(entry["url"], f"targets.{name}: {path.name}: models.{node}.url")
+    functions_file = functions_file if isinstance(functions_file, str) else None
+    if functions_file is not None:  # extracted and imported for members: true
+        safe_relative_name(functions_file, f"targets.{name}: {path.name}: the manifest's handler")
+    return ForeignArchive(name, path, store, spec, spec_file, functions_file=functions_file, **remote)

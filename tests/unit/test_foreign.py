@@ -2,7 +2,9 @@
 request formats a model of any input takes (raw tensors, JSON from a template, multipart parts)."""
 
 import email.parser
+import io
 import json
+import sys
 import zipfile
 
 import pytest
@@ -10,7 +12,8 @@ import torch
 import yaml
 
 from segserve.archives.catalog import Catalog
-from segserve.bench.run.inputs import request_bodies
+from segserve.archives.dag_requests import FunctionFile, evaluation_order, node_requests, worker_row
+from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.input_spec import InputSpec
@@ -18,14 +21,47 @@ from segserve.bench.suite.spec import load_suite
 from segserve.errors import RuntimeFailure, UsageError
 from tests.conftest import ROOT
 
+# a .war's function file: what each call saw, answered as a dict (the worker sends json.dumps(indent=2)); text;
+# a tensor (torch.save); one that raises
+FUNCTIONS = """
+import os
 
-def write_war(path, spec: dict) -> None:
+import torch
+
+LOADS = []
+
+
+def fn_first(data, context):
+    if data is None:  # TorchServe's load-time call
+        LOADS.append(context.model_name)
+        return None
+    body = data[0]["body"]
+    here = os.path.samefile(os.getcwd(), context.system_properties["model_dir"])
+    seen = {"rows": len(data), "type": type(body).__name__, "size": len(body), "loads": len(LOADS)}
+    return [{**seen, "model": context.model_name, "batch_size": context.system_properties["batch_size"], "cwd_is_model_dir": here}]
+
+
+def as_text(data, context):
+    return None if data is None else [f"text of {len(data[0]['body'])}"]
+
+
+def as_tensor(data, context):
+    return None if data is None else [torch.arange(3)]
+
+
+def refuses(data, context):
+    if data is not None:
+        raise ValueError("not this one")
+"""
+
+
+def write_war(path, spec: dict, functions: str = "") -> None:
     """A .war as torch-workflow-archiver writes one (its manifest, spec and handler file)."""
     manifest = {"workflow": {"workflowName": path.stem, "specFile": "spec.yaml", "handler": "handler.py"}}
     with zipfile.ZipFile(path, "w") as war:
         war.writestr("WAR-INF/MANIFEST.json", json.dumps(manifest))
-        war.writestr("spec.yaml", yaml.safe_dump(spec))
-        war.writestr("handler.py", "")
+        war.writestr("spec.yaml", yaml.safe_dump(spec, sort_keys=False))
+        war.writestr("handler.py", functions)
 
 
 def suite_file(tmp_path, text: str):
@@ -38,10 +74,18 @@ def suite_file(tmp_path, text: str):
 def archives(tmp_path):
     (tmp_path / "mine.mar").write_bytes(b"not opened by segserve")
     spec = {"models": {"batch-size": 1, "pre": {"url": "pre.mar"}, "post": {"url": "post.mar"}}, "dag": {"pre": ["post", "tail"]}}
-    write_war(tmp_path / "flow.war", spec)
+    write_war(tmp_path / "flow.war", spec, "def tail(data, context):\n    return data\n")
     write_war(tmp_path / "fn.war", {"models": {"post": {"url": "post.mar"}}, "dag": {"tail": ["post"]}})
-    joined = {"models": {n: {"url": f"{n}.mar"} for n in ("a", "b", "c", "d")}, "dag": {"a": ["b", "c"], "b": ["d"], "c": ["d"]}}
-    write_war(tmp_path / "join.war", joined)
+    # TorchServe's dog-breed shape: a function node first, a join below it and a model node
+    joined = {
+        "models": {n: {"url": f"{n}.mar"} for n in ("model_a", "join_b")},
+        "dag": {"fn_first": ["model_a", "join_b"], "model_a": ["join_b"]},
+    }
+    write_war(tmp_path / "join.war", joined, FUNCTIONS)
+    cycle = {"models": {n: {"url": f"{n}.mar"} for n in ("a", "b", "c")}, "dag": {"a": ["b"], "b": ["c"], "c": ["b"]}}
+    write_war(tmp_path / "cycle.war", cycle)
+    write_war(tmp_path / "two.war", {"models": {n: {"url": f"{n}.mar"} for n in ("a", "b", "c")}, "dag": {"a": ["c"], "b": ["c"]}})
+    write_war(tmp_path / "escape.war", {"models": {"a": {"url": "../../a.mar"}}, "dag": {"a": []}})
     (tmp_path / "blob.bin").write_bytes(b"\x00\x01")
     return tmp_path
 
@@ -105,8 +149,10 @@ def test_a_segserve_handler_setting_on_an_archive_target_is_refused_naming_it(ar
         ("{name: mine, archive: mine.mar}", "[{multipart: [{file: blob.bin}]}]", "inputs.0.multipart.0.name: Field required"),
         ("{name: mine, archive: mine.mar, inputs: [{files: [nope.bin]}]}", "[{files: [blob.bin]}]", "no file matches 'nope.bin'"),
         ("{name: mine, archive: mine.mar, members: true}", "[{files: [blob.bin]}]", "members: only a .war has members"),
-        ("{name: fn, archive: fn.war, members: true}", "[{files: [blob.bin]}]", "node 'post' is sent what function node 'tail' answers"),
-        ("{name: j, archive: join.war, members: true}", "[{files: [blob.bin]}]", "node 'd' joins b, c: its inputs cannot be captured"),
+        ("{name: fn, archive: fn.war, members: true}", "[{files: [blob.bin]}]", "node 'tail' of the dag is neither a model of models:"),
+        ("{name: c, archive: cycle.war, members: true}", "[{files: [blob.bin]}]", "nodes b, c form a cycle"),
+        ("{name: t, archive: two.war, members: true}", "[{files: [blob.bin]}]", "the dag's start nodes are a, b"),
+        ("{name: e, archive: escape.war}", "[{files: [blob.bin]}]", "targets.e: escape.war: models.a.url: '../../a.mar' is not a relative"),
     ],
 )
 def test_bad_archive_targets_and_inputs_are_refused_in_one_line_before_anything_starts(archives, monkeypatch, target, inputs, says):
@@ -123,7 +169,7 @@ def test_a_wars_members_are_targets_after_it_the_root_sent_its_inputs_the_others
     assert suite.target_names == ["flow", "flow-pre", "flow-post", "mine"]
     assert suite.archive_targets["flow-pre"].inputs == suite.archive_targets["flow"].inputs
     assert suite.archive_targets["flow-post"].inputs is None
-    assert (catalog.foreign["flow-pre"].parent, catalog.foreign["flow-post"].parent) == (None, "flow-pre")
+    assert (catalog.foreign["flow-pre"].workflow, catalog.foreign["flow-post"].workflow) == (None, "flow")
     # the workflow's nodes are its members (the efficiency table's bounds); a member's one node is the .war's node
     assert catalog.targets["flow"].members == ("flow-pre", "flow-post")
     assert [n.name for n in catalog.targets["flow-post"].nodes] == ["post"]
@@ -193,3 +239,80 @@ def test_urls_are_printed_and_kept_without_their_credentials():
     text = 'targets: [{name: a, archive: "http://u:p@127.0.0.1:9/a.mar"}, {name: b, archive: s3://x/y.war}]'
     assert masked_text(text) == 'targets: [{name: a, archive: "http://***@127.0.0.1:9/a.mar"}, {name: b, archive: s3://x/y.war}]'
     assert folder_of("s3://bucket/v1/seed.war") == "s3://bucket/v1/"
+
+
+def test_the_dag_is_evaluated_parents_first_and_each_node_sent_what_the_workflow_sends_it():
+    # the spec may list a child before its parents: the order comes from the edges
+    assert evaluation_order({"c": ["d"], "a": ["b", "c"], "b": ["d"]}, "x") == ["a", "b", "c", "d"]
+    dag = {"fn_first": ["model_a", "join_b"], "model_a": ["join_b"]}
+    asked = []
+
+    def answer(node, bodies):
+        asked.append((node, [bytes(b) for b in bodies]))
+        return [node.encode() + b":" + bytes(body) for body in bodies]
+
+    sent = node_requests(dag, [b"x", b"yy"], answer)
+    # parents first, each asked once; the leaf (join_b) is never asked: nothing is sent its answers
+    assert asked == [("fn_first", [b"x", b"yy"]), ("model_a", [b"fn_first:x", b"fn_first:yy"])]
+    assert sent["fn_first"] == [b"x", b"yy"] and sent["model_a"] == [b"fn_first:x", b"fn_first:yy"]
+    # one parent: its answer is the body; a join: one form field per parent, named after it, as TorchServe's worker
+    # hands the join's handler its row inside the workflow ({parent: bytearray}, no content type)
+    row, headers = worker_row(sent["model_a"][0])
+    assert row == {"body": bytearray(b"fn_first:x")} and type(row["body"]) is bytearray
+    row, headers = worker_row(sent["join_b"][1])
+    assert row == {"fn_first": bytearray(b"fn_first:yy"), "model_a": bytearray(b"model_a:fn_first:yy")}
+    assert all(type(value) is bytearray for value in row.values())
+    assert headers == {"fn_first": {"content-type": ""}, "model_a": {"content-type": ""}}
+
+
+def test_a_worker_row_decodes_as_torchserves_worker_does():
+    assert worker_row(Body(b'{"x": 1}', "application/json"))[0] == {"body": {"x": 1}}
+    assert worker_row(Body(b"hello", "text/plain; charset=utf-8"))[0] == {"body": "hello"}
+    assert worker_row(Body(b"{oops", "application/json"))[0] == {"body": bytearray(b"{oops")}  # forwarded undecoded
+    assert worker_row(Body(b"a=1&b=", "application/x-www-form-urlencoded"))[0] == {"a": bytearray(b"1"), "b": bytearray()}
+    boundary = "xyz"
+    form = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="a.json"\r\nContent-Type: application/json\r\n\r\n'
+        f'{{"k": 2}}\r\n--{boundary}--\r\n'
+    )
+    row, headers = worker_row(Body(form.encode(), f"multipart/form-data; boundary={boundary}"))
+    assert row == {"image": {"k": 2}} and headers == {"image": {"content-type": "application/json"}}  # a file part keeps its type
+
+
+def test_function_nodes_run_from_the_wars_own_file_one_row_at_a_time_encoded_as_a_worker_encodes(tmp_path):
+    write_war(tmp_path / "wf.war", {"models": {}, "dag": {"fn_first": []}}, FUNCTIONS)
+    with FunctionFile(tmp_path / "wf.war", "wf", "handler.py") as functions:
+        first = functions.answers("fn_first", [b"abc", Body(b'{"x": 1, "y": 2}', "application/json")])
+        again = functions.answers("fn_first", [b"abcd"])
+        text, tensor = functions.answers("as_text", [b"12345"]), functions.answers("as_tensor", [b""])
+        with pytest.raises(RuntimeFailure, match=r"wf.war: function node 'refuses' on input 1: ValueError: not this one"):
+            functions.answers("refuses", [b"", b""])
+        folder, module = functions.folder, functions.module.__name__
+    seen = {"rows": 1, "type": "bytearray", "size": 3, "loads": 1, "model": "wf__fn_first", "batch_size": 1, "cwd_is_model_dir": True}
+    assert first[0] == json.dumps(seen, indent=2).encode()  # a dict: what the worker sends, byte for byte
+    assert json.loads(first[1]) == {**seen, "type": "dict", "size": 2}  # a JSON request: decoded as the worker does
+    assert json.loads(again[0])["loads"] == 1  # loaded (called with None) once, not per call
+    assert text == [b"text of 5"] and torch.equal(torch.load(io.BytesIO(tensor[0])), torch.arange(3))
+    assert not folder.exists() and module not in sys.modules  # the copy and the module go with it
+
+
+def test_a_join_workflows_members_are_sent_what_its_dag_sends_them_each_node_answering_once(archives, monkeypatch):
+    monkeypatch.chdir(archives)
+    text = "targets: [{name: j, archive: join.war, members: true}]\ninputs: [{files: [blob.bin]}, {files: [mine.mar]}]\n"
+    suite = load_suite(suite_file(archives, text), catalog := Catalog(ROOT))
+    # the model nodes are the members (the efficiency table's bounds); the function node is not one
+    assert suite.target_names == ["j", "j-model_a", "j-join_b"] and catalog.targets["j"].members == ("j-model_a", "j-join_b")
+    assert catalog.foreign["j-model_a"].workflow == "j" and catalog.foreign["j-join_b"].workflow == "j"
+    inputs = SuiteInputs(suite, catalog, ROOT / "none.pt")
+    captured = []
+
+    def capture(name, bodies):
+        captured.append(name)
+        return [b"A" + bytes(body[-8:]) for body in bodies]
+
+    inputs.capture = capture
+    model_a, join_b = inputs.bodies_for("j-model_a"), inputs.bodies_for("j-join_b")
+    assert captured == ["j-model_a"]  # the DAG evaluated once for both members; the leaf never captured
+    assert [json.loads(body)["size"] for body in model_a] == [2, len(b"not opened by segserve")]  # fn_first's answers
+    rows = [worker_row(body)[0] for body in join_b]
+    assert rows == [{"fn_first": bytearray(a), "model_a": bytearray(b"A" + a[-8:])} for a in model_a]

@@ -85,6 +85,13 @@ def multipart(parts) -> Body:
             contents.append((part.name, part.text.encode()))
         else:
             contents.append((part.name, tensor_bytes(part.tensor, part.tensor.seed)))
+    return form_data(contents)
+
+
+def form_data(contents: list[tuple[str, bytes]]) -> Body:
+    """multipart/form-data of (name, bytes) parts. A part without a file name is a form field to TorchServe's frontend
+    (NettyUtils.getFormData): a parameter without a content type, which the worker hands over as a bytearray, as a
+    workflow hands a join each parent's answer."""
     # from the contents, so that the same parts give the same body (run ids); a part holding a hash of itself: never
     boundary = "segserve-" + hashlib.sha256(b"".join(name.encode() + data for name, data in contents)).hexdigest()[:40]
     lines = b""

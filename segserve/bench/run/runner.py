@@ -122,8 +122,9 @@ class Runner:
         return record
 
     def bodies_before_deploy(self, point: Point) -> None:
-        """A workflow member's inputs are its parent's answers, captured (once) by registering the parent on the
-        server: before the point registers its own target, which the capture would release."""
+        """A workflow member's inputs are what the workflow's DAG sends it: its model nodes' answers captured (once)
+        by registering each alone on the server, before the point registers its own target, which a capture would
+        release."""
         phases = [p.name for p in self.suite.load.phases or []]
         for phase in phases:
             self.bodies_for(point.target, phase)

@@ -26,7 +26,8 @@ class SuiteInputs:
 
     def __init__(self, suite: Suite, catalog: Catalog, weights: Path):
         self.suite, self.catalog, self.weights = suite, catalog, weights
-        # (archive target, bodies) → what it answers to each: set to the deployment's `answers` before measuring
+        # (archive target, bodies) → what it answers to each, registered alone: the deployment's `answers`, set
+        # before measuring (a .war's members are sent what its nodes answer)
         self.capture = None
 
     @cache  # noqa: B019 (one per run)
@@ -37,11 +38,9 @@ class SuiteInputs:
 
     @cache  # noqa: B019
     def bodies_for(self, name: str, phase: str | None = None) -> list[bytes]:
-        parent = self.parent(name)
-        if parent is not None:  # a member of a user's workflow: what its parent answers, as the workflow hands it on
-            if self.capture is None:
-                raise RuntimeFailure(f"{name}: its inputs are its parent's answers, captured on a server (none here)")
-            return list(self.capture(parent, tuple(self.bodies_for(parent, phase))))
+        member = self.catalog.foreign.get(name)
+        if member is not None and member.workflow is not None:  # a node of a user's workflow: what the DAG sends it
+            return list(self.node_requests(member.workflow, phase)[member.node])
         archive = self.suite.archive_targets.get(name)
         if archive is not None and archive.inputs:  # a user's archive: what it is sent, its own (phases too)
             return request_bodies(archive.inputs)
@@ -55,10 +54,13 @@ class SuiteInputs:
         # class maps: what the model that turns images into class maps answers for the images
         return class_maps(list(self.images(phase)), self.weights, self.producer(target.takes).config)
 
-    def parent(self, name: str) -> str | None:
-        """The member of the same .war whose answers this member is sent (None: not such a member)."""
-        foreign = self.catalog.foreign.get(name)
-        return foreign.parent if foreign is not None else None
+    @cache  # noqa: B019 (the DAG evaluated once per phase, whichever member asks first)
+    def node_requests(self, workflow: str, phase: str | None = None) -> dict[str, list[bytes]]:
+        """What each node of a user's .war is sent for the .war's inputs: its model nodes' answers captured by
+        registering each alone on a server (`capture`), its function nodes run here (foreign.py: node_requests)."""
+        if self.capture is None:
+            raise RuntimeFailure(f"{workflow}: its members' inputs are what its nodes answer, captured on a server (none here)")
+        return self.catalog.foreign[workflow].node_requests(self.bodies_for(workflow, phase), self.capture)
 
     def all_images(self) -> tuple[bytes, ...]:
         """Every body the suite sends, its phases' too (what its measurements depend on)."""
@@ -92,8 +94,8 @@ class SuiteInputs:
             archive = suite.archive_targets[name]
             inputs = request_bodies(archive.inputs) if archive.inputs else self.all_images()
             recipe = [path.read_bytes() for path in foreign.files() if path.is_file()]
-            if foreign.parent is not None:  # its inputs: what the parent's archive answers to the parent's inputs
-                inputs = [digest(self.parts(foreign.parent)).encode()]
+            if foreign.workflow is not None:  # its inputs: what the .war and its node archives make of the .war's inputs
+                inputs = [digest(self.parts(foreign.workflow)).encode()]
             return {**parts, "inputs": digest(*inputs), "recipe": digest(*recipe), "server": digest(*server)}
         target = self.catalog.targets[name]
         if target.takes != "image":  # its inputs are what the producer model makes of the images

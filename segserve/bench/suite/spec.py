@@ -408,7 +408,7 @@ def add_members(suite: Suite, catalog: Catalog) -> None:
         catalog.add_foreign(members)
         entries = [
             ArchiveTarget(name=m.name, archive=m.source or str(m.path), model_store=war.model_store, inputs=war.inputs)
-            if m.parent is None  # the root is sent the .war's inputs, the others their parent's answers
+            if m.workflow is None  # the start node is sent the .war's inputs, the others what its DAG makes of them
             else ArchiveTarget(name=m.name, archive=m.source or str(m.path), model_store=war.model_store)
             for m in members
             if m.name not in suite.target_names

@@ -170,8 +170,8 @@ class TorchServeTargets(Kind):
     def answers(self, name: str, bodies: tuple[bytes, ...]) -> list[bytes]:
         """What the archive target `name` answers to each body, registered alone (one worker, its archive's own
         batching) on the running server, or on one with the suite's default settings: a workflow member's inputs
-        are its parent's answers. Whatever a point had registered is released first; its next deploy registers
-        it again."""
+        are what the workflow's nodes above it answer. Whatever a point had registered is released first; its next
+        deploy registers it again."""
         if self.server is None:
             self.ensure_server(Point(name, (), (), (), ()))
         self.release()

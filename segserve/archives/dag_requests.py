@@ -1,0 +1,251 @@
+"""What each node of a user's .war is sent inside its workflow, worked out from the workflow's inputs, so that each
+model node's .mar can be measured alone on the very requests the workflow sends it (`members: true`).
+
+TorchServe 0.12's DagExecutor (frontend/server/src/main/java/org/pytorch/serve/ensemble/DagExecutor.java) sends the
+start node the workflow's request and every other node a request made of its parents' answers (their bytes only:
+status and content type are dropped): a node with one parent gets a parameter `body`, a join one parameter per
+parent, named after the parent. None has a content type, so the worker hands each to the handler as a bytearray
+(ts/protocol/otf_message_handler.py). Over HTTP the same row comes from a multipart/form-data body of one part per
+parent without a file name (inputs.form_data). A function node runs in a worker of its own, at batch size 1, with the
+.war's folder as its model folder (ModelManager.registerModel); here it runs in this process from the .war's own
+function file, one row at a time, its answer encoded as a worker encodes it. Nothing heavy is imported until then.
+"""
+
+import ast
+import email.parser
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from segserve.errors import RuntimeFailure, UsageError
+
+
+def parents_of(dag: dict) -> dict[str, list[str]]:
+    """Each node of the DAG → its parents, in the spec's order ([] for the start node)."""
+    parents: dict[str, list[str]] = {}
+    for node, children in dag.items():
+        parents.setdefault(node, [])
+        for child in children or []:
+            parents.setdefault(child, []).append(node)
+    return parents
+
+
+def evaluation_order(dag: dict, where: str) -> list[str]:
+    """The DAG's nodes, parents before children (the spec's order among nodes ready together). A DAG TorchServe
+    refuses (Dag.validate: one start node, no cycle) is a UsageError naming its nodes."""
+    parents = parents_of(dag)
+    starts = [node for node, above in parents.items() if not above]
+    if len(starts) != 1:
+        named = ", ".join(starts) or "none (every node has a parent)"
+        raise UsageError(f"{where}: the dag's start nodes are {named}: TorchServe runs a dag with exactly one")
+    order, waiting = [], {node: len(above) for node, above in parents.items()}
+    ready = list(starts)
+    while ready:
+        node = ready.pop(0)
+        order.append(node)
+        for child in dag.get(node) or []:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                ready.append(child)
+    if len(order) != len(parents):
+        looped = ", ".join(node for node in parents if node not in order)
+        raise UsageError(f"{where}: nodes {looped} form a cycle: TorchServe runs a dag without one")
+    return order
+
+
+def node_requests(dag: dict, inputs: list[bytes], answer: Callable[[str, list[bytes]], list[bytes]]) -> dict[str, list[bytes]]:
+    """What each node is sent for each of the workflow's inputs, in evaluation order: the start node the inputs,
+    every other node its parents' answers (request_of). `answer(node, bodies)` gives a node's answer to each body;
+    it is asked only of nodes with children, parents first, each once."""
+    parents, sent, answers = parents_of(dag), {}, {}
+    for node in evaluation_order(dag, "dag"):
+        above = parents[node]
+        sent[node] = list(inputs) if not above else [request_of({p: answers[p][i] for p in above}) for i in range(len(inputs))]
+        if dag.get(node):
+            answers[node] = answer(node, sent[node])
+            if len(answers[node]) != len(inputs):
+                raise RuntimeFailure(f"node {node} gave {len(answers[node])} answers to {len(inputs)} inputs")
+    return sent
+
+
+def request_of(parent_answers: dict[str, bytes]) -> bytes:
+    """The body that gives a handler the row a workflow hands it: one parent's answer as the body itself, a join's
+    answers as one form field per parent (the frontend makes each a parameter without a content type)."""
+    if len(parent_answers) == 1:
+        return bytes(next(iter(parent_answers.values())))  # as octet-stream: the worker's bytearray, as in the DAG
+    from segserve.bench.run.inputs import form_data
+
+    return form_data([(parent, bytes(answer)) for parent, answer in parent_answers.items()])
+
+
+def worker_row(body: bytes) -> tuple[dict, dict]:
+    """(row, parameter headers) a TorchServe worker hands a handler for this HTTP request body: the frontend's
+    parameters (InferenceRequestHandler.parseRequest: a form's fields and files, else `body` with the request's
+    type) decoded as the worker decodes them (JSON, text, else a bytearray)."""
+    content_type = getattr(body, "content_type", "application/octet-stream")
+    mime = content_type.split(";")[0].strip().lower()
+    if mime == "multipart/form-data":
+        message = email.parser.BytesParser().parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + bytes(body))
+        # a part with a file name is a FileUpload (its content type kept), one without a field (none)
+        params = [
+            (part.get_param("name", header="content-disposition"), part.get_content_type() if part.get_filename() else "", part)
+            for part in message.get_payload()
+        ]
+        params = [(name, kind, part.get_payload(decode=True) or b"") for name, kind, part in params]
+    elif mime == "application/x-www-form-urlencoded":
+        params = [(name, "", value.encode()) for name, value in parse_qsl(bytes(body).decode("utf-8"), keep_blank_values=True)]
+    else:
+        params = [("body", mime, bytes(body))]
+    row = {name: _decoded(value, kind) for name, kind, value in params}
+    return row, {name: {"content-type": kind} for name, kind, _ in params}
+
+
+def _decoded(value: bytes, content_type: str):
+    """ts/protocol/otf_message_handler.py's _retrieve_input_data: JSON and text decoded, the rest a bytearray."""
+    try:
+        if content_type == "application/json":
+            return json.loads(value.decode("utf-8"))
+        if content_type.startswith("text"):
+            return value.decode("utf-8")
+    except ValueError:  # the worker forwards what does not decode as it came
+        pass
+    return bytearray(value)
+
+
+def function_names(war: Path, functions_file: str) -> set[str]:
+    """The names the .war's function file defines at its top level (read, not imported), where TorchServe finds
+    a function node's entry point."""
+    with zipfile.ZipFile(war) as archive:
+        tree = ast.parse(archive.read(functions_file), functions_file)
+    names = set()
+    for statement in tree.body:
+        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(statement.name)
+        elif isinstance(statement, ast.Import | ast.ImportFrom):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in statement.names}
+        elif isinstance(statement, ast.Assign | ast.AnnAssign):
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            names |= {target.id for target in targets if isinstance(target, ast.Name)}
+    return names
+
+
+class FunctionFile:
+    """A .war's function file, run here as TorchServe runs a function node: imported (on first use, under a name of
+    its own) from a copy of the .war's files, that folder first on sys.path and the working directory while its code
+    runs, as a worker's model folder is; each node called once with None (the load) and then one row at a time
+    with a Context like its worker's. A context manager: the copy and the module go at its end."""
+
+    def __init__(self, war: Path, workflow: str, functions_file: str):
+        self.war, self.workflow, self.functions_file = war, workflow, functions_file
+        self.folder: Path | None = None
+        self.module = None
+        self.loaded: dict[str, tuple] = {}  # node → (entry, context)
+
+    def __enter__(self) -> "FunctionFile":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.module is not None:
+            sys.modules.pop(self.module.__name__, None)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    def answers(self, node: str, bodies: list[bytes]) -> list[bytes]:
+        """Function node `node`'s answer to each body, encoded as its worker sends it to the frontend."""
+        with self._inside():
+            entry, context = self._load(node)
+            return [self._one(node, entry, context, index, body) for index, body in enumerate(bodies)]
+
+    def _load(self, node: str) -> tuple:
+        if node in self.loaded:
+            return self.loaded[node]
+        from ts.context import Context
+
+        where = f"{self.war.name}: function node {node!r} ({self.functions_file})"
+        try:
+            if self.module is None:
+                name = f"_segserve_war_{uuid.uuid4().hex}"  # never another .war's module of the same file name
+                spec = importlib.util.spec_from_file_location(name, self.folder / self.functions_file)
+                self.module = importlib.util.module_from_spec(spec)
+                sys.modules[name] = self.module
+                spec.loader.exec_module(self.module)
+            entry = getattr(self.module, node)
+            # as ts/model_loader.py builds a function node's: no MANIFEST in the .war's folder, batch size 1
+            context = Context(f"{self.workflow}__{node}", str(self.folder), None, 1, None, _ts_version(), True, _metrics(), {})
+            entry(None, context)  # TorchServe's load-time call
+        except Exception as error:
+            raise RuntimeFailure(f"{where} does not load: {type(error).__name__}: {error}") from error
+        self.loaded[node] = entry, context
+        return entry, context
+
+    def _one(self, node: str, entry, context, index: int, body: bytes) -> bytes:
+        from ts.context import RequestProcessor
+
+        from segserve.fuse.fused_handler import as_bytes
+
+        row, headers = worker_row(body)
+        # what ts/service.py's predict sets before each call
+        context.request_ids = {0: str(uuid.uuid4())}
+        context.request_processor = [RequestProcessor(headers)]
+        context.metrics.request_ids = context.request_ids
+        where = f"{self.war.name}: function node {node!r} on input {index + 1}"
+        try:
+            out = entry([row], context)
+        except Exception as error:
+            raise RuntimeFailure(f"{where}: {type(error).__name__}: {error}") from error
+        if not isinstance(out, list) or len(out) != 1:  # the worker answers 503 for either
+            raise RuntimeFailure(f"{where}: answered {type(out).__name__ if not isinstance(out, list) else f'{len(out)} rows'}, not 1 row")
+        status, _ = context.get_response_status(0)
+        if status is not None and not 200 <= status < 300:
+            raise RuntimeFailure(f"{where}: answered status {status}: {str(out[0])[:200]}")
+        try:
+            return as_bytes(out[0])
+        except TypeError as error:  # json.dumps of what a worker cannot send either
+            raise RuntimeFailure(f"{where}: its answer cannot be sent ({error})") from error
+
+    def _inside(self):
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="segserve-war-functions-"))
+            with zipfile.ZipFile(self.war) as archive:
+                archive.extractall(self.folder)  # zipfile drops absolute paths and '..' from member names
+        return _WorkingIn(self.folder)
+
+
+class _WorkingIn:
+    """The folder first on sys.path and as the working directory, as for a worker of its own."""
+
+    def __init__(self, folder: Path):
+        self.folder = str(folder)
+
+    def __enter__(self):
+        self.cwd = os.getcwd()
+        sys.path.insert(0, self.folder)
+        os.chdir(self.folder)
+
+    def __exit__(self, *exc_info):
+        os.chdir(self.cwd)
+        sys.path.remove(self.folder)
+
+
+def _ts_version() -> str:
+    import ts
+
+    return ts.__version__
+
+
+def _metrics():
+    """A metrics cache as a worker's (from TorchServe's default metrics.yaml), for handlers that record metrics."""
+    import ts
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    cache = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    cache.initialize_cache()
+    return cache
