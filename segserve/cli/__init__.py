@@ -9,6 +9,7 @@ import signal
 import sys
 
 from segserve.cli import (
+    cmd_audit,
     cmd_autoscale,
     cmd_bench,
     cmd_build,
@@ -43,6 +44,7 @@ COMMANDS = (
     cmd_bench,
     cmd_export,
     cmd_results,
+    cmd_audit,
 )
 
 

@@ -178,6 +178,12 @@ RULES: list[tuple[str, str, str]] = [
     ),
     (r"segserve pin --plan-from", "test", "tests/unit/test_pinning_rule.py::test_pin_plan_from_writes_a_plan_the_loader_accepts"),
     (r"segserve fuse", "test", "tests/system/test_fuse.py::test_a_fused_chain_answers_the_workflows_bytes"),
+    (
+        r"segserve audit .*--management",
+        "test",
+        "tests/unit/test_audit.py::test_the_live_check_reads_the_servers_version_models_and_tokenless_answer",
+    ),
+    (r"segserve audit", "test", "tests/unit/test_audit.py::test_the_documented_outputs_are_what_the_command_prints"),
     (r"segserve scale", "test", "tests/integration/test_pinning.py::test_scaling_a_node_up_and_down_keeps_slots_disjoint_and_frees_them"),
     (r"segserve build --weights", "test", "tests/integration/test_archives.py::test_each_mar_runs_with_only_the_archive_on_the_path"),
     (r"segserve build$", "walkthrough", ""),

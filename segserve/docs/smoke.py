@@ -115,6 +115,7 @@ SMOKE: dict[str, tuple[str, str]] = {
         "test",
         "tests/system/test_fuse.py::test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_plans",
     ),
+    "segserve audit": ("test", "tests/unit/test_audit.py::test_the_documented_outputs_are_what_the_command_prints: three files"),
     "segserve profile": ("test", f"{SCALE_PROFILE}: a flame graph and a trace of the worker"),
     "segserve autoscale": (
         "test",

@@ -12,8 +12,8 @@ and no two modules import each other, directly or around a circle.
  8 segserve/bench/search/    strategies behind one interface, and the studies they keep
  9 segserve/bench/run/       load, measurement, deployment (targets/: one module per kind), the loop, a whole suite run
 10 segserve/bench/           commands over runs: ab, replay
-11 segserve/optimize/, qa/,  optimised variants; fuzz, chaos, mix; a workflow fused into one .mar
-   fuse/
+11 segserve/optimize/, qa/,  optimised variants; fuzz, chaos, mix; a workflow fused into one .mar; a TorchServe's
+   fuse/, audit/             security audit
 12 segserve/cli/             the commands
 13 segserve/docs/, gpu/      the reference pages (from the CLI's parser) and the doc check; the GPU bundle (runs commands)
 """
@@ -40,6 +40,7 @@ FOLDERS = {
     "segserve.optimize": 11,
     "segserve.qa": 11,
     "segserve.fuse": 11,
+    "segserve.audit": 11,
     "segserve.cli": 12,
     "segserve.docs": 13,
     "segserve.gpu": 13,
