@@ -117,9 +117,10 @@ class ArchiveTarget(Strict):
     inputs: Annotated[list[InputSpec], Field(min_length=1)] | None = None
     """What this target is sent, round-robin (default: the suite's inputs)"""
     members: bool = False
-    """A .war: measure each model node's .mar alone too, as target `<name>-<node>` (the root sent this target's
-    inputs, every other node what its parent answers for them, captured through a registration of the parent):
-    the efficiency table's bounds, and the auto search's probes"""
+    """A .war: measure each model node's .mar alone too, as target `<name>-<node>`, sent what the workflow sends it:
+    the start node this target's inputs, every other node what the DAG makes of them (model nodes' answers captured
+    through a registration of each, function nodes run from the .war's own function file in segserve's process, a
+    join one form field per parent): the efficiency table's bounds, and the auto search's probes"""
 
     @field_validator("archive")
     @classmethod
