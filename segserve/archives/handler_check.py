@@ -8,10 +8,19 @@ again here, the way the worker does, gives that error back with the files it cam
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
+from segserve.archives.registration import WORKFLOW_MODEL_KEYS
+
+MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 PROBE = Path(__file__).with_name("handler_probe.py")  # run with -c: its own folder must not land on sys.path
 
 
@@ -45,3 +54,88 @@ def handler_import_failure(model_dir: Path, handler: str, python: str = sys.exec
     except (IndexError, ValueError, KeyError, TypeError):
         said = (done.stderr.strip().splitlines() or ["nothing"])[-1]
         return f"importing handler {handler} ended with exit code {done.returncode}: {said}"
+
+
+@dataclass(frozen=True)
+class ImportFailure:
+    where: str  # "" for a .mar; "node <name>" or "function file <file>" in a .war
+    chain: str  # handler_import_failure's line
+    requirements_file: str | None = None  # the failing .mar's own, when the chain is a module it lacks
+    listed: str | None = None  # the requirements file's entry that names that module
+
+    def line(self) -> str:
+        text = f"{self.where}: {self.chain}" if self.where else self.chain
+        if self.listed:
+            return f"{text}; the archive lists it in its {self.requirements_file} ({self.listed})"
+        if self.requirements_file:
+            return f"{text}; the archive brings a {self.requirements_file}"
+        return text
+
+
+def archive_import_failures(archive: Path, model_store: Path, python: str = sys.executable) -> list[ImportFailure]:
+    """Each handler of `archive` that does not import as TorchServe would import it: a .mar's handler; a .war's
+    nodes' .mar handlers (from `model_store`, as the spec names them) and its function file, which TorchServe loads
+    as `<file>:<node>` from the extracted .war. Nothing for an archive that is not a readable zip: registering it
+    says why."""
+    try:
+        if archive.suffix == ".war":
+            return _workflow_failures(archive, model_store, python)
+        failure = _model_failure(archive, python)
+        return [failure] if failure else []
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError, yaml.YAMLError):
+        return []
+
+
+def _model_failure(mar: Path, python: str, where: str = "") -> ImportFailure | None:
+    with tempfile.TemporaryDirectory(prefix="segserve-handler-") as folder:
+        try:
+            manifest = _extract(mar, Path(folder), "MAR-INF/MANIFEST.json")["model"]
+        except (OSError, zipfile.BadZipFile, KeyError, ValueError):  # not there, or not a .mar: registering says why
+            return None
+        chain = handler_import_failure(Path(folder), manifest["handler"], python)
+        if chain is None:
+            return None
+        missing = MISSING_MODULE.match(chain)
+        requirements = manifest.get("requirementsFile") if missing else None
+        listed = _listing(Path(folder) / requirements, missing.group(1)) if requirements else None
+        return ImportFailure(where, chain, requirements, listed)
+
+
+def _workflow_failures(war: Path, model_store: Path, python: str) -> list[ImportFailure]:
+    with tempfile.TemporaryDirectory(prefix="segserve-handler-") as folder:
+        workflow = _extract(war, Path(folder), "WAR-INF/MANIFEST.json")["workflow"]
+        spec = yaml.safe_load((Path(folder) / workflow["specFile"]).read_text()) or {}
+        models = {node: entry["url"] for node, entry in (spec.get("models") or {}).items() if node not in WORKFLOW_MODEL_KEYS}
+        failures = [_model_failure(model_store / url, python, f"node {node}") for node, url in models.items()]
+        if workflow.get("handler") and set(spec.get("dag") or {}) - set(models):  # a function node runs from it
+            chain = handler_import_failure(Path(folder), workflow["handler"], python)
+            failures.append(ImportFailure(f"function file {workflow['handler']}", chain) if chain else None)
+    return [f for f in failures if f is not None]
+
+
+def _extract(archive: Path, folder: Path, manifest: str) -> dict:
+    """The archive's files into `folder` (all but its serialized weights, which a handler reads only when it
+    initializes), and its manifest."""
+    with zipfile.ZipFile(archive) as zipped:
+        meta = json.loads(zipped.read(manifest))
+        weights = (meta.get("model") or {}).get("serializedFile")
+        zipped.extractall(folder, [name for name in zipped.namelist() if name != weights])
+    return meta
+
+
+def _listing(requirements: Path, module: str) -> str | None:
+    """The entry of a requirements file that names `module`'s top-level package (a distribution name, a wheel's
+    or a folder's), compared as pip compares names (case, '-', '_' and '.' alike)."""
+    wanted = _normal(module.split(".")[0])
+    for line in requirements.read_text().splitlines() if requirements.is_file() else []:
+        entry = line.split("#", 1)[0].strip()
+        if not entry or entry.startswith("-"):
+            continue
+        name = Path(entry).name.split("-")[0] if entry.endswith(".whl") else re.split(r"[\s<>=!~;\[@]", Path(entry).name)[0]
+        if _normal(name) == wanted:
+            return entry
+    return None
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()

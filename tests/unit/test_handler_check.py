@@ -1,12 +1,14 @@
 """handler_import_failure: an archive's handler imported as TorchServe 0.12's worker imports it, in a separate
 process, and the real error reported innermost first. The handlers are written here, as an archive's files."""
 
+import json
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from segserve.archives.handler_check import handler_import_failure
+from segserve.archives.handler_check import archive_import_failures, handler_import_failure
 
 # an archive file named captum.py that fails stands in for an environment without captum (it comes first on sys.path)
 MISSING_CAPTUM = "raise ModuleNotFoundError(\"No module named 'captum'\", name='captum')\n"
@@ -88,3 +90,52 @@ def test_torchserves_own_handler_named_as_the_handler_reports_its_fallback_impor
     failure = handler_import_failure(folder, "image_segmenter")
     assert failure.startswith("ModuleNotFoundError: No module named 'captum' ← captum.py:1 ← ts/torch_handler/vision_handler.py:"), failure
     assert failure.split(" ← ")[-1].startswith("ts/torch_handler/image_segmenter.py:"), failure
+
+
+def mar(path: Path, handler: str, files: dict[str, str], requirements: str | None = None) -> Path:
+    """A .mar as torch-model-archiver writes one: its files at the top, MAR-INF/MANIFEST.json naming the handler."""
+    model = {
+        "modelName": path.stem,
+        "handler": handler,
+        "modelVersion": "1",
+        **({"requirementsFile": "requirements.txt"} if requirements else {}),
+    }
+    with zipfile.ZipFile(path, "w") as zipped:
+        zipped.writestr("MAR-INF/MANIFEST.json", json.dumps({"runtime": "python", "model": model}))
+        for name, text in {**files, **({"requirements.txt": requirements} if requirements else {})}.items():
+            zipped.writestr(name, text)
+    return path
+
+
+def test_a_mar_whose_requirements_file_lists_the_missing_module_says_so(tmp_path):
+    archive = mar(tmp_path / "m.mar", "h.py", {"h.py": "import not_a_module_xyz\n"}, "# pinned\nNot-A-Module-Xyz==1.0\n")
+    (failure,) = archive_import_failures(archive, tmp_path)
+    assert failure.line() == (
+        "ModuleNotFoundError: No module named 'not_a_module_xyz' ← h.py:1; "
+        "the archive lists it in its requirements.txt (Not-A-Module-Xyz==1.0)"
+    )
+    other = mar(tmp_path / "o.mar", "h.py", {"h.py": "import not_a_module_xyz\n"}, "something_else\n")
+    assert archive_import_failures(other, tmp_path)[0].line().endswith("← h.py:1; the archive brings a requirements.txt")
+    assert archive_import_failures(mar(tmp_path / "ok.mar", "h.py", {"h.py": "X = 1\n"}), tmp_path) == []
+
+
+def test_a_war_names_each_node_whose_mar_fails_and_its_function_file(tmp_path):
+    mar(tmp_path / "good.mar", "g.py", {"g.py": "X = 1\n"})
+    mar(tmp_path / "bad.mar", "b.py:handle", {"b.py": "import not_a_module_xyz\n"})
+    spec = "models:\n  min-workers: 1\n  first: {url: good.mar}\n  second: {url: bad.mar}\ndag:\n  pre: [first]\n  first: [second]\n"
+    manifest = {"workflow": {"workflowName": "w", "specFile": "w.yaml", "handler": "w_functions.py"}}
+    with zipfile.ZipFile(tmp_path / "w.war", "w") as zipped:
+        zipped.writestr("WAR-INF/MANIFEST.json", json.dumps(manifest))
+        zipped.writestr("w.yaml", spec)
+        zipped.writestr("w_functions.py", "def pre(data, context):\n    return [\n")
+    lines = [failure.line() for failure in archive_import_failures(tmp_path / "w.war", tmp_path)]
+    assert lines == [
+        "node second: ModuleNotFoundError: No module named 'not_a_module_xyz' ← b.py:1",
+        "function file w_functions.py: SyntaxError: '[' was never closed (w_functions.py, line 2)",
+    ]
+
+
+def test_what_is_not_an_archive_is_left_for_torchserve_to_name(tmp_path):
+    (tmp_path / "junk.mar").write_bytes(b"not a zip")
+    assert archive_import_failures(tmp_path / "junk.mar", tmp_path) == []
+    assert archive_import_failures(tmp_path / "absent.war", tmp_path) == []
