@@ -2,6 +2,7 @@
 validator flags a typo with it, and every documented command is run here or by a named test."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,3 +160,12 @@ def test_the_doc_check_lists_every_command_and_the_smoke_tier(capsys):
     tier = out.split("\nsmoke tier: ")[1]
     assert all(f"\n{command}\n    " in tier for command in smoke_module.documented_commands())
     assert "\n    none" not in out
+
+
+def test_the_readme_is_read_in_five_minutes():
+    """#59: what segserve does, the two commands, calling it, the commands and one table of headline figures — at
+    most 900 words and no commit hashes (the history lives in docs/measurements.md)."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.split()) <= 900, f"README.md has {len(text.split())} words: move history to docs/measurements.md"
+    hashes = re.findall(r"`[0-9a-f]{7,40}`", text)
+    assert not hashes, f"README.md names commits {hashes}: keep them in docs/measurements.md"
