@@ -119,13 +119,17 @@ def workflow_best(tmp_path, monkeypatch):
     return finish_best(tmp_path, foreign, chosen)
 
 
-def k8s_docs(best: Path) -> dict[str, dict]:
-    return {doc["kind"]: doc for doc in yaml.safe_load_all((best / "k8s.yaml").read_text())}
+def k8s_docs(best: Path, file: str = "k8s.yaml") -> dict[str, dict]:
+    return {doc["kind"]: doc for doc in yaml.safe_load_all((best / file).read_text())}
+
+
+def kserve_service(best: Path) -> dict:
+    return k8s_docs(best, "kserve.yaml")["InferenceService"]
 
 
 def test_k8s_manifests_round_trip_through_the_kubernetes_api_models(model_best):
     docs = k8s_docs(model_best)
-    assert set(docs) == {"ConfigMap", "Deployment", "Service"}
+    assert set(docs) == {"ConfigMap", "Deployment", "Service", "NetworkPolicy"}
     for kind, doc in docs.items():
         assert round_trip(doc, f"V1{kind}") == doc
     for doc in docs.values():
@@ -133,7 +137,7 @@ def test_k8s_manifests_round_trip_through_the_kubernetes_api_models(model_best):
 
 
 def test_the_inference_service_round_trips_through_kserves_models(model_best):
-    service = yaml.safe_load((model_best / "kserve.yaml").read_text())
+    service = kserve_service(model_best)
     assert round_trip(service, "V1beta1InferenceService") == service
     model = service["spec"]["predictor"]["model"]
     assert service["apiVersion"] == "serving.kserve.io/v1beta1" and service["kind"] == "InferenceService"
@@ -148,10 +152,10 @@ def test_replicas_resources_and_ports_come_from_the_best_point(model_best):
     # workers 2 × omp_num_threads 1 + 1 for the frontend (the record's machine had 8 cores); RSS 1500 MB + 25%, in 64 Mi
     assert container["resources"] == {"requests": {"cpu": "3", "memory": "1920Mi"}, "limits": {"cpu": "3", "memory": "1920Mi"}}
     assert {"name": "OMP_NUM_THREADS", "value": "1"} in container["env"]
-    assert [p["containerPort"] for p in container["ports"]] == [8080, 8081, 8082]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/ping", "port": "inference"}
-    assert [p["port"] for p in k8s_docs(model_best)["Service"]["spec"]["ports"]] == [8080, 8081, 8082]
-    service = yaml.safe_load((model_best / "kserve.yaml").read_text())
+    assert [p["containerPort"] for p in container["ports"]] == [8080, 8082]  # inference and metrics (#58)
+    assert "/ping" in container["readinessProbe"]["exec"]["command"][2]
+    assert [p["port"] for p in k8s_docs(model_best)["Service"]["spec"]["ports"]] == [8080]
+    service = kserve_service(model_best)
     assert service["spec"]["predictor"]["model"]["resources"] == container["resources"]
     assert service["spec"]["predictor"]["scaleTarget"] == 64  # the concurrency it was measured at
     header = (model_best / "k8s.yaml").read_text().split("apiVersion")[0]
@@ -164,12 +168,11 @@ def test_the_registration_is_torchserves_model_snapshot_in_both_configs(model_be
     for text in (k8s_docs(model_best)["ConfigMap"]["data"]["config.properties"], kserve_text):
         line = next(line for line in text.splitlines() if line.startswith("model_snapshot="))
         snapshots.append(json.loads(line.split("=", 1)[1]))
-        assert "disable_token_authorization=true" in text.splitlines()
     entry = {"defaultVersion": True, "marName": "users_tiny.mar", "minWorkers": 2, "maxWorkers": 2}
     entry.update({"batchSize": 4, "maxBatchDelay": 10, "responseTimeout": 30})
     assert snapshots[0] == snapshots[1] == {"name": "startup.cfg", "modelCount": 1, "models": {"tiny": {"3.1": entry}}}
     kserve_config = kserve_text.splitlines()
-    assert "inference_address=http://0.0.0.0:8085" in kserve_config and "model_store=/mnt/models/model-store" in kserve_config
+    assert "inference_address=http://127.0.0.1:8085" in kserve_config and "model_store=/mnt/models/model-store" in kserve_config
 
 
 def test_a_misspelt_field_is_caught(model_best):
@@ -181,7 +184,7 @@ def test_a_misspelt_field_is_caught(model_best):
     # the client's from_dict drops it without a word: only the comparison would notice
     dropped = kubernetes.client.V1Deployment.from_dict(deployment)
     assert kubernetes.client.ApiClient().sanitize_for_serialization(dropped) != deployment
-    service = yaml.safe_load((model_best / "kserve.yaml").read_text())
+    service = kserve_service(model_best)
     service["spec"]["predictor"]["model"]["storageURI"] = service["spec"]["predictor"]["model"].pop("storageUri")
     with pytest.raises(ValueError, match=r"'storageURI' \(did you mean 'storageUri'\?\)"):
         build(service, "V1beta1InferenceService")
@@ -207,7 +210,7 @@ def test_a_workflow_gets_a_deployment_that_registers_it_and_no_inference_service
     hook = container["lifecycle"]["postStart"]["exec"]["command"]
     assert hook[:2] == ["python3", "-c"] and "workflows?url=seed_flow.war&workflow_name=seed_flow" in hook[2]
     compile(hook[2], "postStart", "exec")
-    assert "memory" not in container["resources"]["limits"]  # the record has no server_rss_mb
+    assert container["resources"]["limits"]["memory"] == manifests.DEFAULT_MEMORY  # the record has no server_rss_mb
     assert not any(line.startswith("model_snapshot=") for line in docs["ConfigMap"]["data"]["config.properties"].splitlines())
     header = (workflow_best / "k8s.yaml").read_text().split("apiVersion")[0]
     assert "seed_flow__seg workers 3, batch_size 8" in header and "seed_flow__jpeg workers 1, batch_size 4" in header

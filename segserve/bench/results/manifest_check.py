@@ -6,10 +6,18 @@ the oldest and the newest Kubernetes minor that kubernetes-validate (PyPI) ships
 as `kubectl apply --validate=strict` is (a field the schema does not name is refused, except below
 `x-kubernetes-preserve-unknown-fields`), its metadata against Kubernetes' ObjectMeta; and the ServingRuntime it
 relies on (kserve-torchserve) must offer its model format and protocol version.
+
+And what a cluster would let through but segserve does not write (#58): a pod that breaks the Pod Security Standards'
+"restricted" profile (runAsNonRoot, a non-zero user, no privilege escalation, every capability dropped, seccomp
+RuntimeDefault), a writable root filesystem, a mounted service account token, a container without requests and
+limits of CPU and memory, an image that is neither a tag nor a digest; a Service or container that lists the
+management port; and a cluster config.properties whose management API is beyond loopback, whose model API is on,
+or whose token authorization is not as the manifest says.
 """
 
 import gzip
 import json
+import re
 from functools import cache
 from pathlib import Path
 
@@ -20,6 +28,9 @@ from kubernetes_validate import utils as kubernetes_schemas
 
 KSERVE = Path(__file__).parent / "kserve"
 RUNTIME = "kserve-torchserve"  # the ClusterServingRuntime KServe selects for modelFormat pytorch
+IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(:[\w][\w.-]{0,127}|@sha256:[0-9a-f]{64})$")  # repo:tag or repo@sha256:digest
+MANAGEMENT_PORTS = {8081, 7071, "management", "grpc-management"}  # TorchServe's management API (REST, gRPC)
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
 
 def kubernetes_versions() -> tuple[str, str]:
@@ -89,4 +100,84 @@ def inference_service_problems(service: dict) -> list[str]:
     protocol = model.get("protocolVersion", "v1")
     if protocol not in spec.get("protocolVersions", []):
         problems.append(f"InferenceService: protocolVersion {protocol!r}: {RUNTIME} offers {spec.get('protocolVersions')}")
+    return problems
+
+
+def _container_problems(where: str, container: dict, pod: dict) -> list[str]:
+    security, pod_security = container.get("securityContext") or {}, pod.get("securityContext") or {}
+
+    def setting(key):  # a container's own, else the pod's
+        return security.get(key, pod_security.get(key))
+
+    problems = []
+    if setting("runAsNonRoot") is not True:
+        problems.append("runAsNonRoot: must be true")
+    if setting("runAsUser") in (None, 0):
+        problems.append("runAsUser: must be a non-zero user")
+    if security.get("allowPrivilegeEscalation") is not False:
+        problems.append("securityContext.allowPrivilegeEscalation: must be false")
+    if security.get("privileged"):
+        problems.append("securityContext.privileged: must not be true")
+    if "ALL" not in ((security.get("capabilities") or {}).get("drop") or []) or (security.get("capabilities") or {}).get("add"):
+        problems.append("securityContext.capabilities: must drop ALL and add none")
+    if (setting("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+        problems.append("seccompProfile.type: must be RuntimeDefault")
+    if security.get("readOnlyRootFilesystem") is not True:
+        problems.append("securityContext.readOnlyRootFilesystem: must be true (emptyDir volumes where it writes)")
+    resources = container.get("resources") or {}
+    for kind in ("requests", "limits"):
+        missing = [amount for amount in ("cpu", "memory") if amount not in (resources.get(kind) or {})]
+        if missing:
+            problems.append(f"resources.{kind}: no {' or '.join(missing)}")
+    if not IMAGE.match(container.get("image") or ""):
+        problems.append(f"image {container.get('image')!r}: must be repo:tag or repo@sha256:<digest>")
+    ports = container.get("ports") or []
+    if ({port.get("name") for port in ports} | {port.get("containerPort") for port in ports}) & MANAGEMENT_PORTS:
+        problems.append("ports: must not list the management API's (it listens on 127.0.0.1)")
+    return [f"{where}: {problem}" for problem in problems]
+
+
+def pod_problems(objects: list[dict]) -> list[str]:
+    """One line per rule a Deployment's pods (every container, init containers too) or a Service breaks."""
+    problems = []
+    for data in objects:
+        name = f"{data.get('kind')}/{(data.get('metadata') or {}).get('name')}"
+        spec = data.get("spec") or {}
+        if data.get("kind") == "Service":
+            listed = {port.get("name") for port in spec.get("ports") or []} | {port.get("port") for port in spec.get("ports") or []}
+            if listed & MANAGEMENT_PORTS:
+                problems.append(f"{name}: ports: must not expose the management API")
+        if data.get("kind") != "Deployment":
+            continue
+        pod = (spec.get("template") or {}).get("spec") or {}
+        if pod.get("automountServiceAccountToken") is not False:
+            problems.append(f"{name}: automountServiceAccountToken: must be false (nothing in it calls the Kubernetes API)")
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            if pod.get(flag):
+                problems.append(f"{name}: {flag}: must not be true")
+        if any("hostPath" in volume for volume in pod.get("volumes") or []):
+            problems.append(f"{name}: volumes: no hostPath")
+        for field in ("initContainers", "containers"):
+            for container in pod.get(field) or []:
+                problems += _container_problems(f"{name}: {field} {container.get('name')}", container, pod)
+    return problems
+
+
+def config_problems(text: str, token: bool) -> list[str]:
+    """One line per key of a cluster's config.properties that opens more than segserve means to (#58)."""
+    config = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.lstrip().startswith("#"))
+    problems = []
+    host = re.sub(r"^\w+://", "", config.get("management_address", "http://127.0.0.1:8081")).rsplit(":", 1)[0]
+    if host not in LOOPBACK:
+        problems.append(f"config.properties: management_address={config.get('management_address')}: must be on 127.0.0.1")
+    if config.get("grpc_management_address", "127.0.0.1") not in LOOPBACK:
+        problems.append(f"config.properties: grpc_management_address={config['grpc_management_address']}: must be 127.0.0.1")
+    if config.get("enable_model_api", "false").lower() != "false":
+        problems.append("config.properties: enable_model_api: must be false (models come from model_snapshot)")
+    if (config.get("disable_token_authorization", "false").lower() == "true") == token:
+        problems.append(f"config.properties: disable_token_authorization: must be {str(not token).lower()} here")
+    if not token:  # without a key, nothing of TorchServe's but its metrics may listen beyond the pod
+        for key in ("inference_address", "grpc_inference_address"):
+            if not any(host in config.get(key, "0.0.0.0") for host in LOOPBACK):
+                problems.append(f"config.properties: {key}={config.get(key, '0.0.0.0')}: token authorization is off: must be on 127.0.0.1")
     return problems

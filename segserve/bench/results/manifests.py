@@ -4,9 +4,15 @@ best/kserve/config/config.properties, the file KServe reads from `<storageUri>/c
 
 Every value comes from the best point's record: the registration (workers, batch size, delay, timeout) goes into
 TorchServe's `model_snapshot` (how KServe's runtime registers models at start), the threads into the workers'
-environment, and the pod's CPU and memory from workers × threads, the core plan and the measured RSS. Each YAML
-says in its header which record each value came from. Written as plain data; tests/unit/test_manifests.py reads
-them back through the official API models (kubernetes.client, kserve.models).
+environment (with the server environment segserve measured it in, SERVER_ENV), and the pod's CPU and memory from
+workers × threads, the core plan and the measured RSS. Each YAML says in its header which record each value came
+from. Written as plain data (best/k8s.yaml's objects: pods.py), and only once manifest_check.py passes them;
+tests/unit/test_manifests.py reads them back through the official API models (kubernetes.client, kserve.models).
+
+Exposed (#58): TorchServe's management API stays on 127.0.0.1 in both, the model API off, gRPC on loopback unless
+the point was measured over it. best/k8s.yaml keeps token authorization on (pods.py says how its keys are read);
+KServe's runtime calls TorchServe without a key, so best/kserve/config/config.properties turns it off and binds
+TorchServe's APIs to 127.0.0.1, behind KServe's own server in the same container, with a NetworkPolicy beside it.
 
 A workflow (.war) gets k8s.yaml only: KServe's protocol names a model, and TorchServe's snapshots hold no
 workflow, so the Deployment registers it after TorchServe starts (a postStart hook, before readiness).
@@ -24,16 +30,25 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.registration import REGISTRATIONS, model_config_entry
-from segserve.bench.results import manifest_check
+from segserve.bench.results import manifest_check, pods
 from segserve.bench.suite.params import PARAMS
 from segserve.serving.cores import load_plan
+from segserve.serving.server import SERVER_ENV
 from segserve.serving.ts_config import render_config
 
 STORAGE_ENV = "SEGSERVE_STORAGE_URI"  # where the archives are (KServe's layout): set it before `segserve bench`
-IMAGE = "pytorch/torchserve:0.12.0-cpu"  # the TorchServe release segserve pins
-HOME = "/home/model-server"  # the image's working directory (logs/ land there)
-PORTS = {"inference": 8080, "management": 8081, "metrics": 8082}
 MEMORY_HEADROOM = 1.25  # over the RSS measured at the end of the point: allocations between samples, a larger batch
+DEFAULT_MEMORY = "2Gi"  # without a measured RSS: KServe's kserve-torchserve runtime's own request and limit
+# The keys' lifetime in best/k8s.yaml: TorchServe 0.12's keys expire token_expiration_min after they were made (60 by
+# default) and only the management API's /token call (with the API key) makes new ones; the readiness probe reads
+# the key file, so a key that expired would turn the pod unready. A pod's keys live as long as it (100 years).
+TOKEN_LIFETIME_MIN = 100 * 365 * 24 * 60
+K8S_ADDRESS = {"inference": "http://0.0.0.0:8080", "management": "http://127.0.0.1:8081", "metrics": "http://0.0.0.0:8082"}
+# KServe's runtime image runs its own server on 8080 (HTTP) and 8081 (gRPC) and calls TorchServe at these addresses
+# (its kserve_wrapper reads them from this file): TorchServe's APIs on one loopback port, its metrics for Prometheus.
+KSERVE_ADDRESS = {"inference": "http://127.0.0.1:8085", "management": "http://127.0.0.1:8085", "metrics": "http://0.0.0.0:8082"}
+KSERVE_PORT = 8080  # KServe's server in the predictor pod
+KSERVE_FROM = ("knative-serving", "istio-system")  # KServe's request path in its default (Serverless) install
 # What best/kserve.yaml says of the runtime it relies on (docs/deploying.md says the same): facts as of the KServe
 # commit its schemas come from (bench/results/kserve/README.md).
 RUNTIME_FUTURE = [
@@ -124,17 +139,21 @@ def cpu(chosen: dict, served: Served, core_plan: str | None) -> Sized:
     return Sized(measured, f"omp_num_threads unset in {run}: each of its workers ({counts}) used every one of its {measured} cores")
 
 
-def memory(chosen: dict) -> Sized | None:
+def memory(chosen: dict) -> Sized:
     rss = chosen.get("server_rss_mb")
     if not rss:
-        return None
+        return Sized(DEFAULT_MEMORY, f"no server_rss_mb in {chosen['run_id']}: KServe's runtime's default; measure the RSS")
     mebibytes = math.ceil(rss * MEMORY_HEADROOM / 64) * 64
     return Sized(f"{mebibytes}Mi", f"server_rss_mb {rss:.0f} in {chosen['run_id']} (frontend + workers) + {MEMORY_HEADROOM - 1:.0%}")
 
 
 def worker_env(chosen: dict) -> list[dict]:
-    """The server parameters that reach workers through their environment (OMP_NUM_THREADS, …), as measured."""
-    return [{"name": p.env, "value": p.env_value(chosen[p.name])} for p in PARAMS.values() if p.env and chosen.get(p.name) is not None]
+    """The environment the point's server ran in: segserve's SERVER_ENV (OMP_WAIT_POLICY, glibc's malloc thresholds),
+    unless this process's own set them (the bench runs here), then the server parameters that reach workers through
+    their environment (OMP_NUM_THREADS, …), as measured."""
+    env = {name: os.environ.get(name, value) for name, value in SERVER_ENV.items()}
+    env.update({p.env: p.env_value(chosen[p.name]) for p in PARAMS.values() if p.env and chosen.get(p.name) is not None})
+    return [{"name": name, "value": value} for name, value in env.items()]
 
 
 def snapshot(served: Served) -> str:
@@ -148,8 +167,8 @@ def snapshot(served: Served) -> str:
 
 
 def config_text(template: Path, overrides: dict[str, str], note: list[str]) -> str:
-    """best/config.properties with the cluster's keys set; its own comments, written for one machine on loopback,
-    give way to `note`."""
+    """best/config.properties with the cluster's keys set; its own comments, written for one machine, give way to
+    `note`."""
     with tempfile.TemporaryDirectory() as folder:
         written = Path(folder) / "config.properties"
         render_config(template, written, overrides)
@@ -157,17 +176,35 @@ def config_text(template: Path, overrides: dict[str, str], note: list[str]) -> s
     return "\n".join([f"# {line}" for line in note] + keys) + "\n"
 
 
-CLUSTER_NOTE = [
-    "best/config.properties for a cluster: the addresses open to the pod's network (the Service is ClusterIP),",
-    "token authorization off (its keys live in a file inside the pod and expire, which no probe or client outside",
-    "can follow; KServe's runtime calls TorchServe without one), the model store where the archives are put, and",
-    "for a model its registration at the best point as TorchServe's model_snapshot (read at start).",
+K8S_NOTE = [
+    "best/config.properties for a cluster: inference and metrics open to the pod's network (the Service exposes",
+    "inference only; a NetworkPolicy says who reaches it), the management API on 127.0.0.1 (the pod's own processes),",
+    "the model API off, gRPC on loopback unless the point was measured over it, token authorization ON (the keys",
+    "in key_file.json in the pod's working directory, for the pod's lifetime: docs/deploying.md), the model store",
+    "where the archives are put, and for a model its registration as TorchServe's model_snapshot (read at start).",
+]
+KSERVE_NOTE = [
+    "best/config.properties for KServe's TorchServe runtime: token authorization OFF, because KServe's server in the",
+    "same container calls TorchServe without a key; so TorchServe's APIs listen on 127.0.0.1 only (that server is",
+    "what the pod serves), metrics for Prometheus, the model API off, gRPC on loopback, and the registration as",
+    "TorchServe's model_snapshot (read at start). best/kserve.yaml's NetworkPolicy says who reaches the pod.",
 ]
 
 
-def cluster_overrides(served: Served, model_store: str, address: dict[str, str]) -> dict[str, str]:
+def cluster_overrides(served: Served, model_store: str, address: dict[str, str], token: bool, grpc: bool) -> dict[str, str]:
+    """The keys a cluster's config.properties sets over best/config.properties (#58)."""
     overrides = {f"{api}_address": url for api, url in address.items()}
-    overrides.update({"disable_token_authorization": "true", "model_store": model_store})
+    overrides.update(
+        {
+            "grpc_inference_address": "0.0.0.0" if grpc else "127.0.0.1",  # TorchServe 0.12 always opens gRPC
+            "grpc_management_address": "127.0.0.1",
+            "disable_token_authorization": "false" if token else "true",
+            "enable_model_api": "false",  # gates POST and DELETE /models only; POST /workflows is not gated (0.12)
+            "model_store": model_store,
+        }
+    )
+    if token:
+        overrides["token_expiration_min"] = str(TOKEN_LIFETIME_MIN)
     if not served.is_workflow:
         overrides["model_snapshot"] = snapshot(served)
     return overrides
@@ -195,133 +232,96 @@ def write_manifests(
     best_dir: Path, chosen: dict, served: Served, on: str, core_plan: str | None = None, replicas: int = 1, notes: tuple[str, ...] = ()
 ) -> list[str]:
     """best/k8s.yaml, and for a model best/kserve.yaml and best/kserve/config/config.properties; each manifest only
-    when it validates as a cluster would validate it (manifest_check.py). Returns why one was not written."""
+    when it passes manifest_check.py (the schemas a cluster checks, the restricted profile, what it exposes).
+    Returns why one was not written."""
     uri, cores, mem = storage_uri(served.name), cpu(chosen, served, core_plan), memory(chosen)
-    amounts = {"cpu": str(cores.value), **({"memory": mem.value} if mem else {})}
+    amounts = {"cpu": str(cores.value), "memory": mem.value}
     resources = {"requests": amounts, "limits": dict(amounts)}
-    env_text = " ".join(f"{e['name']}={e['value']}" for e in worker_env(chosen))
+    env, grpc = worker_env(chosen), chosen.get("protocol") == "grpc"
+    env_text = " ".join(f"{e['name']}={e['value']}" for e in env)
     registrations = "; ".join(
         f"{m} " + ", ".join(f"{k} {v}" for k, v in values.items() if v is not None) for m, values in served.registrations.items()
     )
+    name = k8s_name(served.name)
     lines = [
         f"replicas {replicas}: one TorchServe server is what {chosen['run_id']} measured; each replica adds at most its rate",
         f"cpu {cores.value}: {cores.why}",
-        f"memory {mem.value}: {mem.why}" if mem else f"memory: no server_rss_mb in {chosen['run_id']}: none requested",
+        f"memory {mem.value}: {mem.why}",
         f"registration from {chosen['run_id']}: {registrations}",
-        f"env: {env_text or 'none'} (server parameters of {chosen['run_id']})",
+        f"env: {env_text} (segserve's server environment and the parameters of {chosen['run_id']})",
         f"archives: {uri.value}/model-store/{served.archive} ({uri.why})",
         *notes,
     ]
     if chosen.get("pinning") in ("torchserve", "plan"):
         lines.append(f"pinning {chosen['pinning']} is not carried over: whole cores with requests = limits get exclusive cores")
+    exposed = ", ".join(f"{api} {port}" for api, port in pods.served_ports(grpc).items())
+    access = [
+        f"exposed: {exposed} (Service and NetworkPolicy: pods labelled {pods.CLIENT_LABEL}: {name}); metrics 8082 to pods",
+        f'labelled {pods.SCRAPE_LABEL}: "true"; management on 127.0.0.1 in the pod; gRPC '
+        + ("inference open: the point was measured over gRPC" if grpc else "on loopback"),
+    ]
     template = best_dir / "config.properties"
-    address = {api: f"http://0.0.0.0:{port}" for api, port in PORTS.items()}
-    k8s_config = config_text(template, cluster_overrides(served, f"{HOME}/model-store", address), CLUSTER_NOTE)
-    k8s = k8s_objects(served, k8s_config, uri.value, resources, worker_env(chosen), replicas)
-    note = [] if not served.is_workflow else ["no kserve.yaml: KServe serves models by name; a workflow runs on this Deployment"]
+    k8s_config = config_text(template, cluster_overrides(served, f"{pods.HOME}/model-store", K8S_ADDRESS, True, grpc), K8S_NOTE)
+    k8s = pods.k8s_objects(name, labels(name), k8s_config, served, uri.value, resources, env, replicas, grpc)
+    k8s_lines = [
+        *access,
+        "token authorization on: each pod makes its own keys at start (TorchServe 0.12 takes none from outside); a client",
+        f"reads the inference key from the pod: kubectl exec deploy/{name} -- cat {pods.KEY_FILE}",
+        f"pods: Pod Security Standards restricted, read-only root, user {pods.USER_ID}; images by tag unless {pods.IMAGE_ENV}",
+        f"and {pods.COPY_IMAGE_ENV} name digests (repo@sha256:...)",
+    ]
+    if served.is_workflow:
+        k8s_lines.append("no kserve.yaml: KServe serves models by name; a workflow runs on this Deployment")
     versions = " and ".join(manifest_check.kubernetes_versions())
-    note.append(f"validated against Kubernetes {versions}'s OpenAPI schemas, strict (kubernetes-validate)")
-    refused = [f"best/k8s.yaml not written: {problem}" for problem in manifest_check.kubernetes_problems(k8s)]
+    k8s_lines.append(f"validated against Kubernetes {versions}'s OpenAPI schemas, strict (kubernetes-validate)")
+    problems = manifest_check.kubernetes_problems(k8s) + manifest_check.pod_problems(k8s) + manifest_check.config_problems(k8s_config, True)
+    refused = [f"best/k8s.yaml not written: {problem}" for problem in problems]
     if not refused:
-        (best_dir / "k8s.yaml").write_text(header(chosen, on, lines + note) + yaml.dump_all(k8s, Dumper=BlockDumper, sort_keys=False))
+        text = header(chosen, on, lines + k8s_lines) + yaml.dump_all(k8s, Dumper=BlockDumper, sort_keys=False)
+        (best_dir / "k8s.yaml").write_text(text)
     if served.is_workflow:
         return refused
-    kserve_address = {"inference": "http://0.0.0.0:8085", "management": "http://0.0.0.0:8085", "metrics": "http://0.0.0.0:8082"}
-    kserve_config = best_dir / "kserve" / "config" / "config.properties"
-    kserve_config.parent.mkdir(parents=True, exist_ok=True)
-    overrides = {**cluster_overrides(served, "/mnt/models/model-store", kserve_address), "enable_envvars_config": "true"}
-    kserve_config.write_text(config_text(template, overrides, CLUSTER_NOTE))
-    lines[-1] += f"; upload best/kserve/config/config.properties to {uri.value}/config/"
-    service = inference_service(served, uri.value, resources, worker_env(chosen), replicas, chosen.get("concurrency"))
-    problems = manifest_check.inference_service_problems(service)
+    overrides = {**cluster_overrides(served, "/mnt/models/model-store", KSERVE_ADDRESS, False, False), "enable_envvars_config": "true"}
+    kserve_config = config_text(template, overrides, KSERVE_NOTE)
+    service = inference_service(served, uri.value, resources, env, replicas, chosen.get("concurrency"))
+    policy = pods.network_policy(name, labels(name), {"serving.kserve.io/inferenceservice": name}, [KSERVE_PORT], KSERVE_FROM)
+    problems = manifest_check.inference_service_problems(service) + manifest_check.kubernetes_problems([policy])
+    problems += manifest_check.config_problems(kserve_config, False)
     if problems:
         return refused + [f"best/kserve.yaml not written: {problem}" for problem in problems]
-    lines += RUNTIME_FUTURE
-    (best_dir / "kserve.yaml").write_text(header(chosen, on, lines) + yaml.dump(service, Dumper=BlockDumper, sort_keys=False))
+    (best_dir / "kserve" / "config").mkdir(parents=True, exist_ok=True)
+    (best_dir / "kserve" / "config" / "config.properties").write_text(kserve_config)
+    lines[-1] += f"; upload best/kserve/config/config.properties to {uri.value}/config/"
+    kserve_lines = [
+        f"exposed: KServe's server on {KSERVE_PORT}; token authorization OFF (KServe's runtime calls TorchServe without a",
+        "key), so TorchServe listens on 127.0.0.1 only, and the NetworkPolicy admits pods labelled",
+        f'{pods.CLIENT_LABEL}: {name}, the metrics to pods labelled {pods.SCRAPE_LABEL}: "true", and any port from the',
+        f"namespaces {', '.join(KSERVE_FROM)} (KServe's Serverless request path): edit it for another ingress",
+        "no read-only root here: KServe's server and TorchServe write in the runtime image's home (best/k8s.yaml has one)",
+        *RUNTIME_FUTURE,
+    ]
+    documents = yaml.dump_all([service, policy], Dumper=BlockDumper, sort_keys=False)
+    (best_dir / "kserve.yaml").write_text(header(chosen, on, lines + kserve_lines) + documents)
     return refused
+
+
+def labels(name: str) -> dict:
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "segserve-best"}
 
 
 def inference_service(served: Served, uri: str, resources: dict, env: list[dict], replicas: int, concurrency) -> dict:
     model = {"modelFormat": {"name": "pytorch"}, "protocolVersion": KSERVE_PROTOCOL, "storageUri": uri, "resources": resources}
     if env:
         model["env"] = env
-    predictor = {"minReplicas": replicas, "maxReplicas": replicas, "model": model}
+    # the restricted profile where KServe's runtime allows it: its container writes in its image's home (no read-only root)
+    model["securityContext"] = {key: value for key, value in pods.container_security().items() if key != "readOnlyRootFilesystem"}
+    predictor = {"minReplicas": replicas, "maxReplicas": replicas, "automountServiceAccountToken": False, "model": model}
+    predictor["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     if concurrency:  # raise maxReplicas and KServe adds pods when a pod has more requests in flight than measured
         predictor.update({"scaleMetric": "concurrency", "scaleTarget": int(concurrency)})
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
-        "metadata": {"name": k8s_name(served.name)},
+        "metadata": {"name": k8s_name(served.name), "labels": labels(k8s_name(served.name))},
         "spec": {"predictor": predictor},
     }
-
-
-def k8s_objects(served: Served, config: str, uri: str, resources: dict, env: list[dict], replicas: int) -> list[dict]:
-    name = k8s_name(served.name)
-    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "segserve-best"}
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-config", "labels": labels},
-        "data": {"config.properties": config},
-    }
-    store = {"name": "model-store", "mountPath": f"{HOME}/model-store"}
-    container = {
-        "name": "torchserve",
-        "image": IMAGE,
-        "command": ["torchserve"],
-        "args": ["--start", "--foreground", "--ts-config", f"{HOME}/config/config.properties", "--model-store", f"{HOME}/model-store"],
-        "ports": [{"name": api, "containerPort": port} for api, port in PORTS.items()],
-        "resources": resources,
-        "readinessProbe": {"httpGet": {"path": "/ping", "port": "inference"}, "initialDelaySeconds": 10, "periodSeconds": 5},
-        "volumeMounts": [{"name": "config", "mountPath": f"{HOME}/config"}, store],
-    }
-    if env:
-        container["env"] = env
-    if served.is_workflow:  # probes start once this returns: ready means registered
-        container["lifecycle"] = {"postStart": {"exec": {"command": ["python3", "-c", register_workflow(served)]}}}
-    volumes = [{"name": "config", "configMap": {"name": f"{name}-config"}}]
-    pod = {"containers": [container], "volumes": volumes}
-    if uri.startswith("pvc://"):
-        claim, _, path = uri.removeprefix("pvc://").partition("/")
-        volumes.append({"name": "model-store", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        store["subPath"] = f"{path}/model-store".lstrip("/")
-    else:  # s3:// (the placeholder too): copied in before TorchServe starts, credentials from an optional Secret
-        volumes.append({"name": "model-store", "emptyDir": {}})
-        pod["initContainers"] = [
-            {
-                "name": "archives",
-                "image": "amazon/aws-cli:2.22.0",
-                "args": ["s3", "cp", "--recursive", f"{uri}/model-store/", f"{HOME}/model-store/"],
-                "envFrom": [{"secretRef": {"name": "aws-credentials", "optional": True}}],
-                "volumeMounts": [store],
-            }
-        ]
-    template = {"metadata": {"labels": labels}, "spec": pod}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": template},
-    }
-    ports = [{"name": api, "port": port, "targetPort": api} for api, port in PORTS.items()]
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"selector": labels, "ports": ports},
-    }
-    return [config_map, deployment, service]
-
-
-def register_workflow(served: Served) -> str:
-    """Python for the postStart hook: register the .war once the management API answers (2 minutes at most)."""
-    url = f"http://127.0.0.1:{PORTS['management']}/workflows?url={served.archive}&workflow_name={served.name}"
-    return (
-        "import time, urllib.request\n"
-        "for _ in range(60):\n"
-        "    try:\n"
-        f"        urllib.request.urlopen(urllib.request.Request({url!r}, method='POST'), timeout=600); break\n"
-        "    except OSError: time.sleep(2)\n"
-        "else: raise SystemExit('the workflow did not register')\n"
-    )

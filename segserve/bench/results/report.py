@@ -94,6 +94,7 @@ def write_report(
     for target in analysis.targets:
         md += _target_section(target, records, params, constraints, objective, analysis.winners[target])
     md += _by_param_section(params)
+    md += _causes_section(records)
     md += _flags_section(records)
     md += ["", "## Time outside measurement (reconfigure_s + warmup_s)", "", _time_outside(records, analysis.targets), ""]
     path = out_dir / "report.md"
@@ -222,6 +223,15 @@ def _target_section(target: str, records: list[dict], params: list[str], constra
             *(f"- `{r.get('run_id')}`: {cell(r.get('invalid_reason'))}" for r in inaccurate),
         ]
     return lines
+
+
+def _causes_section(records: list[dict]) -> list[str]:
+    """Why the requests of points that were measured failed: the first exception the workers logged during each
+    (a failed point's cause is the first part of its error, listed with its target)."""
+    causes = [f"- `{r.get('run_id')}` ({r.get('requests_failed')} failed): {cell(r['error_cause'])}" for r in records if r.get("error_cause") and not r.get("error")]
+    if not causes:
+        return []
+    return ["", "## Why requests failed", "", "The first exception the workers logged during the point, innermost cause first:", "", *causes]
 
 
 def _by_param_section(params: list[str]) -> list[str]:

@@ -82,7 +82,7 @@ class Runner:
 
     def measure_point(self, point: Point) -> dict:
         started = time.monotonic()
-        metrics = error = reconfigure_s = None
+        metrics = error = reconfigure_s = cause = None
         # skip_network (the serving path alone) runs no network: no bare forward to hold it against
         runs_network = not self.handler_settings(point).get("skip_network")
         node = self.weights_node(point.target) if runs_network else None
@@ -99,19 +99,23 @@ class Runner:
             groups = self.deployment.watched_processes(endpoint)
             # the bare forward in short slices before and after the point: the same spell of the shared machine
             slices += self.bare_slices(point, node)
+            server, log_mark = self.worker_log_mark()
             metrics = self.measure_load(point, endpoint, groups)
             slices += self.bare_slices(point, node)
+            if metrics["requests_failed"] and server is not None:  # why they failed: the workers' first exception
+                cause = server.worker_exception(log_mark, wait_s=1.0)
             if not metrics["requests_ok"]:  # kept with its counts, but 0 req/s would read as a slow point
-                error = no_request_completed(metrics)
+                error = no_request_completed(metrics, cause)
                 metrics["throughput_rps"] = None
                 self.deployment.stop_servers()  # a wedged worker: start clean for the next point
         except Exception as failure:  # one failed point must not lose the others (an optimisation that fails too)
             reconfigure_s = time.monotonic() - started if reconfigure_s is None else reconfigure_s
             accuracy = {}
             error = f"{type(failure).__name__}: {str(failure).splitlines()[0] if str(failure) else ''}"
+            cause = getattr(failure, "cause", None)  # a worker that did not load: its root cause (management.py)
             self.deployment.stop_servers()  # start clean for the next point
         record = record_for(point, reconfigure_s, metrics, error, self.weights_node(point.target, alone=False))
-        record.update({"load_s": self.deployment.load_s, **accuracy})
+        record.update({"load_s": self.deployment.load_s, "error_cause": cause, **accuracy})
         record.update(validity(record))
         if weights_device:
             record["weights_device"] = weights_device
@@ -120,6 +124,14 @@ class Runner:
             record["bare_device"] = next((entry.get("device") for entry in slices), None)
             record.update(ratio_judgement(record))
         return record
+
+    def worker_log_mark(self) -> tuple:
+        """(the bench's TorchServe when it serves the point, the size of its workers' log now): where the point's
+        own log starts; (None, 0) for a target that is not served by it."""
+        deployment = self.deployment
+        if getattr(deployment, "active", None) is not getattr(deployment, "torchserve", None) or deployment.server is None:
+            return None, 0
+        return deployment.server, deployment.server.model_log_size()
 
     def bodies_before_deploy(self, point: Point) -> None:
         """A workflow member's inputs are what the workflow's DAG sends it: its model nodes' answers captured (once)
@@ -241,12 +253,14 @@ def round_schedule(points: list, rounds: int, sides: tuple = (None,)):
             slot += 1
 
 
-def no_request_completed(metrics: dict) -> str:
-    """Why a point whose measured load completed nothing has no throughput: 0 req/s would read as a slow point."""
+def no_request_completed(metrics: dict, cause: str | None = None) -> str:
+    """Why a point whose measured load completed nothing has no throughput: 0 req/s would read as a slow point;
+    the workers' first exception (`cause`) first."""
     failed = metrics["requests_failed"]
     statuses = ", ".join(f"{status}: {count}" for status, count in sorted(metrics["failures_by_status"].items()))
     what = f"{failed} failed ({statuses})" if failed else "none answered"
-    return f"RuntimeFailure: no request completed in {metrics['duration_s']:.1f} s of measured load: {what}"
+    first = f"{cause}; " if cause else ""
+    return f"RuntimeFailure: {first}no request completed in {metrics['duration_s']:.1f} s of measured load: {what}"
 
 
 def validity(record: dict) -> dict:
@@ -386,6 +400,8 @@ class Progress:
             outcome = f"FAILED {record['error']}"
         else:
             outcome = f"{record['throughput_rps']:.1f} req/s, p99 {record['latency_p99_ms'] or float('nan'):.0f} ms"
+            if record.get("error_cause"):
+                outcome += f", {record.get('requests_failed')} failed: {record['error_cause']}"
             if record.get("autoscale"):
                 outcome += f", the autoscaler moved {record.get('autoscaler_moves')} worker(s)"
                 outcome += f" (it died: {record['autoscaler_failure']})" if record.get("autoscaler_failure") else ""

@@ -5,8 +5,10 @@ manifests (results/manifests.py) and, for a .war, the workflow fused into one .m
 command target writes nothing: it is not ours to deploy."""
 
 import json
+import shlex
 import shutil
 from pathlib import Path
+from urllib.parse import quote, urlencode
 
 import yaml
 
@@ -18,6 +20,34 @@ from segserve.bench.results.sinks import FinishedRun, Sink
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import label
 from segserve.serving.ts_config import render_config
+
+# best/register.sh: TorchServe 0.12 writes key_file.json (its keys, mode 0600) in the directory it was started from,
+# and wants `Authorization: Bearer <management key>` on every management call (best/config.properties keeps token
+# authorization on). The key goes to curl on its stdin (--config -), never in an argument that ps shows.
+SCRIPT = """#!/bin/sh
+{header}# TS_MANAGEMENT: the management API (default http://127.0.0.1:8081)
+# TS_KEY_FILE: TorchServe's key_file.json (default: the one in the directory TorchServe was started from)
+set -eu
+management="${{TS_MANAGEMENT:-http://127.0.0.1:8081}}"
+key_file="${{TS_KEY_FILE:-key_file.json}}"
+if [ ! -r "$key_file" ]; then
+    echo "register.sh: no TorchServe key file at $key_file: set TS_KEY_FILE to the key_file.json of its start directory" >&2
+    exit 2
+fi
+key=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["management"]["key"])' "$key_file")
+
+call() {{  # METHOD PATH: one management call, the key on curl's stdin
+    printf 'header = "Authorization: Bearer %s"\\n' "$key" | curl -fsS --config - -X "$1" "$management$2"
+}}
+
+"""
+
+
+def path_name_problem(what: str, name: str) -> str | None:
+    """Why a name that becomes a file name (in best/, a model store, a bucket) cannot be one, or None."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name or name.startswith("-") or any(ord(c) < 32 for c in name):
+        return f"{what} {name!r}: must be a file name (no '/', no '..', not absolute, no control character, no leading '-'); rename it"
+    return None
 
 
 def registration_of(chosen: dict, prefix: str = "") -> dict:
@@ -86,6 +116,11 @@ class ArchiveFiles:
         self.header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
 
     def write(self, best_dir: Path, core_plan, fuse) -> None:
+        unsafe = [problem for problem in (path_name_problem(what, name) for what, name in self.path_names()) if problem]
+        if unsafe:  # nothing of it is written: its name would become a path (or a command) elsewhere
+            for problem in unsafe:
+                self.log(f"best/register.sh and manifests not written: {problem}")
+            return
         self.register_script(best_dir)
         served = served_foreign(self.target, self.foreign, self.chosen)
         for refused in write_manifests(best_dir, self.chosen, served, self.on, core_plan):
@@ -93,27 +128,36 @@ class ArchiveFiles:
         if self.foreign.is_workflow and fuse is not None:
             self.fused(best_dir, core_plan, fuse)
 
+    def path_names(self) -> list[tuple[str, str]]:
+        """The names that become file names here, in a model store or a bucket: (what it is, the name)."""
+        archive = self.foreign.path.name if not self.foreign.is_workflow else f"{self.target.name}.war"
+        return [("target name", self.target.name), ("archive name", archive)]
+
     def register_script(self, best_dir: Path) -> None:
         """The management API calls that register it so (best/register.sh), and for a .war its spec with each node's
-        values written in (best/<name>.yaml, to archive again)."""
+        values written in (best/<name>.yaml, to archive again). Every name in a URL is URL-encoded and every
+        argument shell-quoted; the management key is read from TorchServe's key file and sent on curl's stdin."""
         name, chosen = self.target.name, self.chosen
-        management = "${TS_MANAGEMENT:-http://127.0.0.1:8081}"
         if not self.foreign.is_workflow:
-            query = registration.register_query(self.foreign.path.name, name, chosen["workers"], registration_of(chosen))
-            calls = [f'curl -fsS -X POST "{management}/models?{query}"']
-            calls.append(f'curl -fsS -X PUT "{management}/models/{name}?{registration.scale_query(chosen["workers"])}"')
+            archive = quote(self.foreign.path.name, safe="")
+            query = registration.register_query(archive, quote(name, safe=""), chosen["workers"], registration_of(chosen))
+            calls = [f"call POST {shlex.quote(f'/models?{query}')}"]
+            scale = f"/models/{quote(name, safe='')}?{registration.scale_query(chosen['workers'])}"
+            calls.append(f"call PUT {shlex.quote(scale)}")
         else:
             nodes = {}
             for node in self.foreign.nodes:
                 values = {param: node_value(chosen, node, param) for param in REGISTRATIONS}
                 nodes[node] = workflow_entry(values, node_value(chosen, node, "workers"))
             (best_dir / f"{name}.yaml").write_text(self.header + yaml.safe_dump(self.foreign.spec_with(nodes), sort_keys=False))
+            register = f"/workflows?{urlencode({'url': f'{name}.war', 'workflow_name': name})}"
             calls = [
-                f"# archive best/{name}.yaml with your handler into {name}.war (torch-workflow-archiver --spec-file), then:",
-                f'curl -fsS -X POST "{management}/workflows?url={name}.war&workflow_name={name}"',
+                f"# archive best/{shlex.quote(name)}.yaml with your handler into {shlex.quote(name)}.war (torch-workflow-archiver"
+                " --spec-file), then:",
+                f"call POST {shlex.quote(register)}",
             ]
-        script = "#!/bin/sh\n" + self.header + "# TS_MANAGEMENT: the management API (default http://127.0.0.1:8081)\nset -e\n"
-        (best_dir / "register.sh").write_text(script + "\n".join(calls) + "\n")
+        header = "".join(line if line.startswith("#") else f"# {line}" for line in self.header.splitlines(keepends=True))
+        (best_dir / "register.sh").write_text(SCRIPT.format(header=header) + "\n".join(calls) + "\n")
 
     def fused(self, best_dir: Path, core_plan, fuse) -> None:
         """The .war's best point as one .mar that KServe can serve (`segserve fuse`), with its k8s and KServe
