@@ -228,10 +228,21 @@ def _target_section(target: str, records: list[dict], params: list[str], constra
 def _causes_section(records: list[dict]) -> list[str]:
     """Why the requests of points that were measured failed: the first exception the workers logged during each
     (a failed point's cause is the first part of its error, listed with its target)."""
-    causes = [f"- `{r.get('run_id')}` ({r.get('requests_failed')} failed): {cell(r['error_cause'])}" for r in records if r.get("error_cause") and not r.get("error")]
+    causes = [
+        f"- `{r.get('run_id')}` ({r.get('requests_failed')} failed): {cell(r['error_cause'])}"
+        for r in records
+        if r.get("error_cause") and not r.get("error")
+    ]
     if not causes:
         return []
-    return ["", "## Why requests failed", "", "The first exception the workers logged during the point, innermost cause first:", "", *causes]
+    return [
+        "",
+        "## Root causes of failed requests",
+        "",
+        "The first exception the workers logged during the point, innermost cause first:",
+        "",
+        *causes,
+    ]
 
 
 def _by_param_section(params: list[str]) -> list[str]:

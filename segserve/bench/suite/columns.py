@@ -176,6 +176,7 @@ EXTRA_COLUMNS = [
     "valid",
     "invalid_reason",
     "error",
+    "error_cause",  # the root cause of a failed point or of its failed requests (the workers' first exception)
 ]
 
 
