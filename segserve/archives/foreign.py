@@ -18,7 +18,16 @@ from pathlib import Path
 
 import yaml
 
-from segserve.archives.archive_urls import cache_folder, fetch, folder_of, is_remote, joined, local_path, safe_relative_name
+from segserve.archives.archive_urls import (
+    DownloadRules,
+    cache_folder,
+    fetch,
+    folder_of,
+    is_remote,
+    joined,
+    local_path,
+    safe_relative_name,
+)
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
 from segserve.archives.dag_requests import FunctionFile, evaluation_order, function_names, node_requests, parents_of
 from segserve.archives.registration import WORKFLOW_MODEL_KEYS
@@ -40,6 +49,7 @@ class ForeignArchive:
     functions_file: str | None = None  # a .war's function file (its manifest's handler), where function nodes live
     source: str | None = None  # the URL `path` is fetched from (segserve/archives/remote.py)
     store_source: str | None = None  # the URL prefix `model_store` is fetched from
+    rules: DownloadRules = DownloadRules()  # what fetching it may do: its target's size cap, pins, plain http
 
     @property
     def is_workflow(self) -> bool:
@@ -99,7 +109,7 @@ class ForeignArchive:
         for node, url in self.nodes.items():
             workflow = self.name if parents.get(node) else None  # the start node is sent the .war's own inputs
             path, source = self.model_store / url, joined(self.store_source, url) if self.store_source else None
-            remote = {"source": source, "store_source": self.store_source}
+            remote = {"source": source, "store_source": self.store_source, "rules": self.rules}
             members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, workflow=workflow, **remote))
         return members
 
@@ -157,11 +167,11 @@ class ForeignArchive:
         """What is remote and not in the local cache yet (read_archive fetched it unless its URL did not answer
         then): fetched now, or a RuntimeFailure that names the URL with its credentials masked."""
         if self.source and not node_archives_only and not self.path.is_file():
-            fetch(self.source, self.path.parent)
+            fetch(self.source, self.path.parent, self.rules)
         if self.store_source and self.is_workflow:
             for url in self.nodes.values():
                 if not (self.model_store / url).is_file():
-                    fetch(joined(self.store_source, url), self.model_store)
+                    fetch(joined(self.store_source, url), self.model_store, self.rules)
 
     def spec_with(self, node_values: dict[str, dict]) -> dict:
         """The .war's spec (a copy) with these values written into its nodes' `models:` entries."""
@@ -175,11 +185,11 @@ def _model(name: str, path: Path) -> NodeModel:
     return NodeModel(name, path, FOREIGN, False, FOREIGN, FOREIGN)
 
 
-def read_archive(name: str, archive: str, model_store: str | None) -> ForeignArchive:
+def read_archive(name: str, archive: str, model_store: str | None, rules: DownloadRules = DownloadRules()) -> ForeignArchive:
     """The archive target's archive; a .war's spec read from it (one it cannot read fails at registration). An
     archive or model store at a URL is fetched into the local cache first; one whose URL does not answer now
     fails its points with the reason (its spec unknown till then)."""
-    remote = {}
+    remote: dict = {"rules": rules}
     if is_remote(archive):
         path = local_path(archive, cache_folder(folder_of(archive)))
         remote["source"] = archive
@@ -196,7 +206,7 @@ def read_archive(name: str, archive: str, model_store: str | None) -> ForeignArc
             raise UsageError(f"targets.{name}.model_store: no such folder {model_store!r}")
     if "source" in remote:
         try:
-            fetch(archive, path.parent)
+            fetch(archive, path.parent, rules)
         except RuntimeFailure:  # the points say so, with the URL masked: the suite is not refused for it
             path.unlink(missing_ok=True)  # nor is an older copy measured in its place
             return ForeignArchive(name, path, store, **remote)

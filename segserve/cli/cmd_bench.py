@@ -161,6 +161,13 @@ def run_collect(args) -> int:
     return 0
 
 
+# the first line of `segserve bench` for a suite of a user's archives
+ARCHIVES_ARE_CODE = (
+    "note: an archive runs its own Python with the server's rights ({names}): bench only archives you trust; their "
+    "workers get a minimal environment, credentials only where the target's worker_env names them"
+)
+
+
 def run_suite(args) -> int:
     from segserve.bench.run.suite_run import SuiteRun, carries_weights, describe_search, prepare, strategy_for
     from segserve.bench.run.suite_run import run_suite as run_points
@@ -170,9 +177,12 @@ def run_suite(args) -> int:
     suite_path, known = Path(args.suite), catalog()
     if args.heartbeat_s < 1:
         raise UsageError(f"--heartbeat-s must be ≥ 1 (got {args.heartbeat_s})")
+    suite = load_suite(suite_path, known)
+    if suite.archive_targets:  # before anything of theirs runs (docs/benchmarking.md, "Archives are code")
+        print(ARCHIVES_ARE_CODE.format(names=", ".join(suite.archive_targets)))
     run = SuiteRun(
         suite_path,
-        load_suite(suite_path, known),
+        suite,
         known,
         Path(args.results),
         Path(args.weights),

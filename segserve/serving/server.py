@@ -49,6 +49,26 @@ SERVER_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(64 * 2**20),
 }
 
+# What a server for a user's archive takes of the caller's environment, besides SERVER_ENV's names and the names its
+# suite lists (TorchServe.worker_env): what TorchServe, Java and a Python worker need to start, nothing more. An
+# archive is code, and every worker inherits the frontend's environment whole (TorchServe 0.12's
+# EnvironmentUtils.getEnvString): segserve's own holds credentials (AWS_*, tokens) that a user's handler has no
+# business reading.
+ARCHIVE_BASE_ENV = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "JAVA_HOME",
+    "LD_LIBRARY_PATH",
+    "PYTHONPATH",
+    "CUDA_VISIBLE_DEVICES",
+    "OMP_NUM_THREADS",
+)
+
 
 @dataclass
 class TorchServe(ManagementClient):
@@ -61,6 +81,9 @@ class TorchServe(ManagementClient):
     env: dict[str, str] = field(default_factory=dict)  # extra environment (workers inherit it), e.g. OMP_NUM_THREADS
     core_plan: Path | None = None  # a core plan YAML (segserve/serving/cores.py)
     venv: Path | None = None  # run TorchServe (and so its workers) from this Python environment; None: segserve's own
+    # A server for a user's archive: of the caller's environment only ARCHIVE_BASE_ENV, SERVER_ENV's names and these
+    # reach it and its workers (`env` and segserve's own variables as ever). None: the caller's whole environment.
+    worker_env: tuple[str, ...] | None = None
     # Each log file under logs/ (torchserve.out and TorchServe's log4j files) rotates at this size,
     # keeping this many older files: at most (kept + 1) × max_bytes each.
     log_file_max_bytes: int = 10 * 2**20
@@ -191,9 +214,13 @@ class TorchServe(ManagementClient):
         return plan
 
     def _environment(self, logs: Path) -> dict[str, str]:
+        inherited = os.environ
+        if self.worker_env is not None:
+            kept = {*ARCHIVE_BASE_ENV, *SERVER_ENV, *self.worker_env}
+            inherited = {name: value for name, value in os.environ.items() if name in kept}
         return {
             **SERVER_ENV,
-            **os.environ,
+            **inherited,
             **self.env,
             "TMPDIR": str(self.run_dir / "tmp"),
             "LOG_LOCATION": str(logs),

@@ -29,6 +29,10 @@ from tests.integration.test_export import aws  # noqa: F401 (the fixture: moto's
 BIN = Path(sys.executable).parent
 
 TINY_HANDLER = '''
+import json
+import os
+from pathlib import Path
+
 import torch
 import yaml
 from ts.torch_handler.base_handler import BaseHandler
@@ -36,6 +40,11 @@ from ts.torch_handler.base_handler import BaseHandler
 
 class TinySegmenter(BaseHandler):
     """Raw float32 [3, 32, 32] in, one class byte per pixel out."""
+
+    def initialize(self, context):
+        # the names in this worker's environment, for the test that a user's archive gets no credentials
+        (Path("ENVIRON_DIR") / f"{os.getpid()}.json").write_text(json.dumps(sorted(os.environ)))
+        super().initialize(context)
 
     def preprocess(self, data):
         rows = [torch.frombuffer(bytearray(row.get("data") or row.get("body")), dtype=torch.float32) for row in data]
@@ -98,7 +107,8 @@ def user_archives(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("user")
     network = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(8, 3, 1))
     torch.jit.script(network.eval()).save(str(folder / "tiny.pt"))
-    model_archive(folder, "tiny", TINY_HANDLER, folder / "tiny.pt")
+    (folder / "environ").mkdir()
+    model_archive(folder, "tiny", TINY_HANDLER.replace("ENVIRON_DIR", str(folder / "environ")), folder / "tiny.pt")
     model_archive(folder, "encode", JPEG_HANDLER)
     model_archive(folder, "pair", TWO_INPUT_HANDLER)
     workflow_archive(
@@ -290,8 +300,13 @@ def test_archives_at_urls_are_fetched_and_benchmarked_and_one_that_does_not_answ
     capsys,  # noqa: F811
 ):
     """An archive target's archive at https?:// (basic auth in the URL) and s3:// (a .war with its node archives beside
-    it): fetched into the cache and measured; a URL that does not answer fails its point with the URL masked."""
+    it): fetched into the cache and measured; a URL that does not answer fails its point with the URL masked. Their
+    workers see none of segserve's credentials (the AWS ones here), only what the suite's worker_env names."""
     monkeypatch.setenv("SEGSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_not_for_archives")
+    monkeypatch.setenv("SEGSERVE_PASSED_ON", "named in worker_env")
+    for report in (user_archives / "environ").iterdir():
+        report.unlink()  # what the workers of earlier tests reported
     monkeypatch.setenv("AWS_ENDPOINT_URL", aws)  # boto3's own setting: segserve's code does not know it is not AWS
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="models")
@@ -307,7 +322,7 @@ def test_archives_at_urls_are_fetched_and_benchmarked_and_one_that_does_not_answ
             textwrap.dedent(
                 f"""
                 targets:
-                  - {{name: fetched, archive: "{base}/tiny.mar"}}
+                  - {{name: fetched, archive: "{base}/tiny.mar", worker_env: [SEGSERVE_PASSED_ON]}}
                   - {{name: gone, archive: "{base}/gone.mar?token=abc"}}
                   - {{name: from_s3, archive: "s3://models/v1/pipeline.war"}}
                 inputs: [{{tensor: {{dtype: float32, shape: [3, 32, 32], count: 2}}}}]
@@ -328,3 +343,6 @@ def test_archives_at_urls_are_fetched_and_benchmarked_and_one_that_does_not_answ
     files = [p for p in (tmp_path / "results").rglob("*") if p.is_file() and p.suffix not in (".png", ".mar")]  # text files
     written = capsys.readouterr().out + "".join(p.read_text() for p in files)
     assert "user:secret" not in written and "token=abc" not in written
+    reports = [json.loads(p.read_text()) for p in (user_archives / "environ").iterdir()]  # a tiny worker each
+    assert len(reports) >= 2 and all("SEGSERVE_PASSED_ON" in names and "PATH" in names for names in reports), reports
+    assert not [name for names in reports for name in names if name.startswith("AWS_") or name == "GITHUB_TOKEN"], reports

@@ -387,7 +387,7 @@ def load_suite(path: Path, catalog: Catalog) -> Suite:
         raise UsageError("\n".join(f"{path}: inputs: no file matches {pattern!r}" for pattern in missing))
     from segserve.archives.foreign import read_archive
 
-    catalog.add_foreign([read_archive(t.name, t.archive, t.model_store) for t in suite.archive_targets.values()])
+    catalog.add_foreign([read_archive(t.name, t.archive, t.model_store, t.download_rules()) for t in suite.archive_targets.values()])
     add_members(suite, catalog)
     problems = catalog_problems(suite, catalog) + foreign_problems(suite, catalog) + expand_headers(suite)
     if problems:

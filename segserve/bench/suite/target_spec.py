@@ -1,7 +1,6 @@
 """A suite's `targets:` besides the catalog's names: an http endpoint, a peer server's command, a user's .mar/.war;
 each entry is told apart by its keys (TargetEntry), so a wrong one gets only its own kind's errors."""
 
-import ipaddress
 import re
 from pathlib import PurePosixPath
 from typing import Annotated, Literal, Union
@@ -9,6 +8,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
+from segserve.archives.archive_urls import MAX_DOWNLOAD_MB, DownloadRules, file_name, is_loopback, is_remote, scheme_problem
 from segserve.bench.suite.input_spec import InputSpec
 from segserve.bench.suite.params import PARAMS
 from segserve.bench.suite.strict_model import Strict
@@ -34,7 +34,7 @@ class HttpTarget(Strict):
             raise ValueError(f"{url!r}: the port is not a number") from None
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{url!r}: the load generator speaks plain HTTP: give a URL like http://127.0.0.1:8080/predictions/x")
-        if parts.hostname != "localhost" and not _loopback_address(parts.hostname):
+        if not is_loopback(parts.hostname):
             raise ValueError(f"{url!r}: the load generator sends to loopback only (127.0.0.1, ::1, localhost)")
         return url
 
@@ -97,13 +97,6 @@ class CommandTarget(Strict):
         return [PLACEHOLDER.sub(lambda m: str(given[m.group(1)]), part) for part in self.command]
 
 
-def _loopback_address(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 class ArchiveTarget(Strict):
     """A .mar or .war segserve did not build, registered with TorchServe as it is (the file is never changed)."""
 
@@ -122,12 +115,41 @@ class ArchiveTarget(Strict):
     through a registration of each, function nodes run from the .war's own function file in segserve's process, a
     join one form field per parent): the efficiency table's bounds, and the auto search's probes"""
 
+    sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = {}
+    """Pins of archives fetched from a URL: file name (the archive's own, a .war's node .mar) → the SHA-256 its bytes
+    must have (`sha256sum`); a download with other bytes is refused"""
+    max_download_mb: Annotated[float, Field(gt=0)] = MAX_DOWNLOAD_MB
+    """The largest archive downloaded from a URL; a larger one is refused"""
+    plain_http: bool = False
+    """Allow http:// URLs to hosts beyond loopback (the archive, which is code, and its credentials cross the network
+    readable and changeable)"""
+    worker_env: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = []
+    """Names of variables of segserve's environment this archive's workers get besides what TorchServe needs
+    (docs/benchmarking.md): say AWS_PROFILE for a handler that reads S3; credentials reach them only so. The archive
+    targets of a suite share their servers: each one's workers get the names any of them lists"""
+
     @field_validator("archive")
     @classmethod
     def archive_file(cls, archive: str) -> str:
         if _archive_suffix(archive) not in (".mar", ".war"):
             raise ValueError(f"{archive!r}: give a .mar or .war file")
         return archive
+
+    @model_validator(mode="after")
+    def downloads(self) -> "ArchiveTarget":
+        for key, location in (("archive", self.archive), ("model_store", self.model_store)):
+            problem = is_remote(location or "") and scheme_problem(location, self.download_rules())
+            if problem:
+                raise ValueError(f"{key}: {problem}")
+        if self.sha256 and not (is_remote(self.archive) or is_remote(self.model_store or "")):
+            raise ValueError("sha256: pins the archives fetched from a URL, and this target's archive and model_store are local")
+        pinned_elsewhere = sorted(name for name in self.sha256 if _archive_suffix(name) not in (".mar", ".war") or "/" in name)
+        if pinned_elsewhere:
+            raise ValueError(f"sha256: {pinned_elsewhere[0]!r}: give an archive's file name, like {file_name(self.archive)!r}")
+        return self
+
+    def download_rules(self) -> DownloadRules:
+        return DownloadRules(self.max_download_mb, self.plain_http, tuple(sorted(self.sha256.items())))
 
     @model_validator(mode="after")
     def members_of_a_workflow(self) -> "ArchiveTarget":

@@ -72,7 +72,12 @@ class TorchServeTargets(Kind):
 
     # Server ------------------------------------------------------------------------
     def ensure_server(self, point: Point) -> None:
-        if self.server is not None and self.server_key == point.server:
+        # a user's archive is code: its server gets a minimal environment (server.py ARCHIVE_BASE_ENV), with the names
+        # the suite's archive targets list (they share servers); segserve's own archives the caller's whole one
+        worker_env = None
+        if point.target in self.catalog.foreign:
+            worker_env = tuple(sorted({name for spec in self.suite.archive_targets.values() for name in spec.worker_env}))
+        if self.server is not None and self.server_key == (point.server, worker_env):
             return
         self.stop()
         params = dict(point.server)
@@ -92,10 +97,12 @@ class TorchServeTargets(Kind):
         config = self.catalog.config_template
         ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
         venv = Path(params["venv"]) if params.get("venv") else None
-        self.server = TorchServe(run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, venv=venv, **ports)
+        self.server = TorchServe(
+            run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, venv=venv, worker_env=worker_env, **ports
+        )
         self.server.start(log=lambda _: None)
         self.changes["restarts"] += 1
-        self.server_key, self.registered_key, self.current_workers = point.server, None, {}
+        self.server_key, self.registered_key, self.current_workers = (point.server, worker_env), None, {}
 
     def stop(self) -> None:
         if self.server is not None:
