@@ -1,8 +1,12 @@
 """`segserve fuse` on workflows segserve never wrote: archives built here with the official archivers from handlers
 that never import segserve, the workflow and its fused .mar served by one TorchServe, the same requests sent to
-both. A chain, a fan-out (two nodes whose handler files and helper modules share names) and one with a function
-node answer the same bytes; a row that fails is answered alone; a node answering too few rows fails its batch."""
+both, all at once so that rows batch. A chain, a fan-out (two nodes whose handler files and helper modules share
+names), function nodes first, in the middle and last, a join with per-batch state on self and mixed text and JSON
+answers (workflow_shapes.py), rows refused in the middle and at the leaf, and nodes that fail a row answer the same
+status, content type and bytes; with --row-errors node a refused row stops at its node; a handler that does not
+import is refused by fuse, naming its node, and the user's archives are never changed."""
 
+import hashlib
 import struct
 import subprocess
 import sys
@@ -17,6 +21,7 @@ from segserve.cli import main
 from segserve.serving.http import request
 from segserve.serving.server import TorchServe
 from tests.conftest import ROOT
+from tests.system import workflow_shapes as shapes
 from tests.system.test_foreign_archives import workflow_archive
 
 BIN = Path(sys.executable).parent
@@ -114,27 +119,47 @@ def user_store(folder: Path) -> None:
     model_archive(folder, "histogram", {"handler.py": HISTOGRAM, "helper.py": HISTOGRAM_HELPER}, "handler.py")
     model_archive(folder, "checksum", {"handler.py": CHECKSUM, "helper.py": CHECKSUM_HELPER}, "handler.py")
     model_archive(folder, "shout", {"shout.py": SHOUT}, "shout.py")
-    model_archive(folder, "classifier", {}, "image_classifier", folder / "tiny.pt")  # TorchServe's default handler
     defaults = "models:\n  batch-size: 1\n  timeout-ms: 10000\n"
     workflow_archive(folder, "chain", defaults + "  tiny: {url: tiny.mar}\n  histogram: {url: histogram.mar}\ndag:\n  tiny: [histogram]\n")
     fanout = "  tiny: {url: tiny.mar}\n  histogram: {url: histogram.mar}\n  checksum: {url: checksum.mar}\n"
     workflow_archive(folder, "fanout", defaults + fanout + "dag:\n  tiny: [histogram, checksum]\n")
     workflow_archive(folder, "functions", defaults + "  shout: {url: shout.mar}\ndag:\n  shout: [exclaim]\n", FUNCTIONS)
-    workflow_archive(folder, "captum", defaults + "  classifier: {url: classifier.mar}\ndag:\n  classifier: []\n")
+    for name, handler in (("animal", shapes.ANIMAL), ("breed", shapes.BREED), ("left", shapes.LEFT), ("right", shapes.RIGHT)):
+        model_archive(folder, name, {f"{name}.py": handler}, f"{name}.py")
+    workflow_archive(folder, "dogbreed", shapes.DOGBREED_SPEC, shapes.DOGBREED_FUNCTIONS)
+    workflow_archive(folder, "aggregate", shapes.AGGREGATE_SPEC, shapes.AGGREGATE_FUNCTIONS)
+    model_archive(folder, "absent", {"absent.py": shapes.MISSING}, "absent.py")
+    workflow_archive(folder, "missing", defaults + "  absent: {url: absent.mar}\ndag:\n  absent: []\n")
+
+
+WORKFLOWS = ("chain", "fanout", "functions", "dogbreed", "aggregate")
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """One TorchServe serving each workflow and its fused .mar (batch size 4)."""
+    """One TorchServe serving each workflow and its fused .mar (batch size 4), and the functions workflow fused with
+    --row-errors node; `store_before`: the digests of the user's files before any fuse."""
     store = tmp_path_factory.mktemp("user_store")
     user_store(store)
-    for name in ("chain", "fanout", "functions", "captum"):
+    before = digests(store)
+    for name in WORKFLOWS:
         assert main(["fuse", str(store / f"{name}.war"), "--model-store", str(store)]) == 0
+    node = ["--row-errors", "node", "--out", str(store / "fused_functions_node.mar")]
+    assert main(["fuse", str(store / "functions.war"), "--model-store", str(store), *node]) == 0
     server = TorchServe(tmp_path_factory.mktemp("ts"), store, ROOT / "config.properties", free_ports=True)
-    with server:
-        for name in ("chain", "fanout", "functions"):
+    server.store_before = before
+
+    def register(name: str) -> None:
+        if name in WORKFLOWS:
             server.register_workflow(f"{name}.war", name)
-            server.register_model(f"fused_{name}.mar", f"fused_{name}", workers=1, batch_size=4, max_batch_delay_ms=200)
+        server.register_model(f"fused_{name}.mar", f"fused_{name}", workers=1, batch_size=4, max_batch_delay_ms=200)
+
+    with server, ThreadPoolExecutor(2) as pool:  # two at a time: workers start while the other registration waits
+        list(pool.map(register, [*WORKFLOWS, "functions_node"]))
         yield server
 
 
@@ -170,22 +195,24 @@ def in_leaf_order(body: bytes, leaves: list[str]) -> bytes:
     return ("{\n" + ",\n".join("\n".join(blocks[leaf]) for leaf in leaves) + "\n}\n").encode("utf-8")
 
 
-def same_answers(server: TorchServe, name: str, bodies: list[bytes], leaves: list[str] | None = None) -> list[bytes]:
+def same_answers(server: TorchServe, name: str, bodies: list[bytes], leaves: list[str] | None = None, fused: str = ""):
+    """/wfpredict/<name> and /predictions/fused_<name> (or `fused`) answer each row with the same status, content type
+    and bytes; the fused answers."""
     workflow = post(server, [(f"/wfpredict/{name}", body) for body in bodies])
-    fused = post(server, [(f"/predictions/fused_{name}", body) for body in bodies])
-    expected = [(r.status, in_leaf_order(r.body, leaves) if leaves and r.status == 200 else r.body) for r in workflow]
-    assert [(r.status, r.body) for r in fused] == expected
-    assert all(r.status == 200 for r in fused), [r.text() for r in fused]
-    return [r.body for r in fused]
+    answers = post(server, [(f"/predictions/{fused or f'fused_{name}'}", body) for body in bodies])
+    expected = [(r.status, r.content_type, in_leaf_order(r.body, leaves) if leaves and r.status == 200 else r.body) for r in workflow]
+    assert [(r.status, r.content_type, r.body) for r in answers] == expected
+    return answers
 
 
 def test_a_fused_chain_answers_the_workflows_bytes(served):
     answers = same_answers(served, "chain", tensors(6))
-    assert answers[0].startswith(b'{\n  "counts": [') and b'"note": "histogram \\u00e9"' in answers[0]
+    assert {r.status for r in answers} == {200}
+    assert answers[0].body.startswith(b'{\n  "counts": [') and b'"note": "histogram \\u00e9"' in answers[0].body
 
 
 def test_a_fused_fan_out_answers_its_leaves_as_the_workflow_combines_them(served):
-    answers = same_answers(served, "fanout", tensors(4), leaves=["histogram", "checksum"])
+    answers = [r.body for r in same_answers(served, "fanout", tensors(4), leaves=["histogram", "checksum"])]
     # each leaf's helper.py, not the other's: the two handler.py and helper.py of the nodes stay apart
     assert answers[0].startswith(b'{\n  "histogram": {\n    "counts": [') and b'"checksum": {\n    "sum": ' in answers[0]
     assert answers[0].endswith(b'"ok": true\n  }\n}\n')
@@ -193,31 +220,55 @@ def test_a_fused_fan_out_answers_its_leaves_as_the_workflow_combines_them(served
 
 
 def test_a_fused_function_node_runs_in_place(served):
-    assert same_answers(served, "functions", [b"hello", b"fused", b"world"]) == [b"HELLO!", b"FUSED!", b"WORLD!"]
+    answers = same_answers(served, "functions", [b"hello", b"fused", b"world"])
+    assert [(r.status, r.body) for r in answers] == [(200, b"HELLO!"), (200, b"FUSED!"), (200, b"WORLD!")]
 
 
-def test_a_row_that_fails_in_a_node_gets_its_own_error_and_its_batch_mates_are_served(served):
-    good = [b"one", b"two", b"three"]
-    answers = post(served, [("/predictions/fused_functions", body) for body in [b"bad", *good]])
+def test_a_fused_join_with_per_batch_state_answers_text_and_json_rows_and_refusals_as_the_workflow(served):
+    """pre_processing → [animal, breed], animal → [breed]: the join gets each parent's answer under its name; rows
+    refused in the middle (animal) and at the leaf (breed) are answered 200 with what the next node made of them."""
+    bodies = [b" dog-rex ", b"cat-tom", b"dog-mutt", b"refuse", b"dog-fido", b"cat-felix", b"dog-mutt-2", b"dog-ace"]
+    answers = same_answers(served, "dogbreed", bodies)
+    assert {r.status for r in answers} == {200} and {r.content_type for r in answers} == {"application/json"}
+    dog = answers[0].json()
+    assert dog["parents"] == ["pre_processing", "animal"] and dog["request_length"] == str(len(bodies[0])), dog
+    assert answers[1].body == b"It's not a dog: cat"
+    assert answers[2].json() == {"error": f"breed {answers[2].json()['error'].split()[1]} unknown"}  # the leaf's refusal
+    assert answers[3].body == b'It\'s not a dog: {\n  "error": "not an animal"\n}'  # the middle's refusal, handed on
+
+
+def test_a_fused_fan_out_with_an_aggregating_function_and_a_function_in_the_middle(served):
+    answers = same_answers(served, "aggregate", [b"abc", b"Hello", b"x y", b"q"])
+    assert answers[1].json() == {"middle": {"via": "middle", "left": {"upper": "HELLO", "batch": True}}, "right": "olleH"}
+
+
+def test_rows_a_node_fails_are_answered_as_the_workflow_answers_them_and_their_batch_mates_are_served(served):
+    """A row refused in the middle goes on; a node that answers the wrong number of rows, and one that raises, fail
+    their row with the workflow's own 500 (stock TorchServe sent each again retry-attempts times first)."""
+    answers = same_answers(served, "functions", [b"bad", b"one", b"many", b"two"])
+    assert [r.status for r in answers] == [200, 200, 500, 200] and answers[0].body == b'{\n  "error": "bad is not a word"\n}!'
+    assert answers[2].json() == {"code": 500, "type": "InternalServerException", "message": "Error executing shout"}
+    answers = same_answers(served, "chain", [b"not a tensor", *tensors(3)])
+    assert [r.status for r in answers] == [500, 200, 200, 200] and answers[0].json()["message"] == "Error executing tiny"
+
+
+def test_row_errors_node_stops_a_refused_or_failed_row_at_its_node_and_serves_its_batch_mates(served):
+    answers = post(served, [("/predictions/fused_functions_node", body) for body in [b"bad", b"one", b"many", b"two"]])
     assert (answers[0].status, answers[0].body) == (400, b'{\n  "error": "bad is not a word"\n}'), answers[0].text()
-    assert [(r.status, r.body) for r in answers[1:]] == [(200, b"ONE!"), (200, b"TWO!"), (200, b"THREE!")]
-    # a node that raises on a batch: its rows run one by one, only the one that fails is answered with the error
-    answers = post(served, [("/predictions/fused_chain", body) for body in [b"not a tensor", *tensors(3)]])
-    assert answers[0].status == 503 and "node tiny: RuntimeError: shape '[3, 8, 8]' is invalid" in answers[0].json()["error"]
-    assert [r.status for r in answers[1:]] == [200, 200, 200]
+    assert (answers[2].status, answers[2].json()) == (503, {"error": "node shout answered 2 rows for a batch of 1"})
+    assert [(r.status, r.body) for r in answers[1::2]] == [(200, b"ONE!"), (200, b"TWO!")]
+    assert [(r.status, r.body) for r in post(served, [("/predictions/fused_functions_node", b"after")])] == [(200, b"AFTER!")]
 
 
-def test_a_node_answering_the_wrong_number_of_rows_fails_its_batch_by_name_and_the_server_stays_up(served):
-    (answer,) = post(served, [("/predictions/fused_functions", b"many")])
-    assert answer.status == 503 and answer.json()["message"] == "node shout answered 2 rows for a batch of 1", answer.text()
-    assert [(r.status, r.body) for r in post(served, [("/predictions/fused_functions", b"after")])] == [(200, b"AFTER!")]
-
-
-def test_a_node_whose_handler_needs_a_missing_package_fails_the_fused_model_with_its_name(served):
-    with pytest.raises(Exception) as failed:
-        served.register_model("fused_captum.mar", "fused_captum", workers=1)
-    assert "node classifier failed to load: ModuleNotFoundError: No module named 'captum'" in str(failed.value)
-    served.unregister("models", "fused_captum")
+def test_a_handler_that_does_not_import_is_refused_by_name_and_the_users_files_are_never_changed(served, capsys):
+    store = served.model_store
+    assert main(["fuse", str(store / "missing.war"), "--model-store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert "node absent: its handler does not import: ModuleNotFoundError: No module named 'segserve_tests_no_such_module'" in err
+    assert not (store / "fused_missing.mar").exists()
+    after = digests(store)
+    assert {name: after.get(name) for name in served.store_before} == served.store_before
+    assert sorted(set(after) - set(served.store_before)) == sorted(f"fused_{n}.mar" for n in [*WORKFLOWS, "functions_node"])
 
 
 def test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_plans(served, model_store, tmp_path, monkeypatch):
