@@ -72,12 +72,23 @@ def test_an_http_target_is_measured_with_its_headers_and_a_dead_or_refusing_one_
     assert refusing["error"].startswith("RuntimeFailure: no request completed in "), refusing
     assert refusing["error"].endswith(f"{refusing['requests_failed']} failed (503: {refusing['requests_failed']})")
     assert refusing["valid"] is False and refusing["requests_ok"] == 0 and refusing["throughput_rps"] is None
+    # every failed request attributed: its input (the file), its status, the answer it got; in the report and the terminal
+    failures = json.loads((folder / "runs" / f"{refusing['run_id']}.json").read_text())["failures"]  # the run JSON's
+    assert failures["by_input"] == {"shapes_0.jpg": refusing["requests_failed"]} and failures["by_status"] == {
+        "503": refusing["requests_failed"]
+    }
+    assert failures["samples"] == [
+        {"input": "shapes_0.jpg", "status": "503", "count": refusing["requests_failed"], "node": None, "body": '{"code": 503}'}
+    ]
+    out = capsys.readouterr().out
+    assert f"  {refusing['run_id']}: {refusing['requests_failed']} request(s) failed; most by status 503" in out, out
     other = rows["other"]
     assert other["error"] is None and other["requests_ok"] > 0 and other["requests_failed"] == 0
     assert other["server_queue_ms"] is None  # not ours: no TorchServe counters
     assert set(Endpoint.seen_headers) == {"Bearer t0ken", ""}  # the refusing target sends none
     report = (folder / "report.md").read_text()
     assert "## other" in report and f"- `{rows['dead']['run_id']}`: RuntimeFailure" in report
+    assert f'| {refusing["run_id"]} | shapes_0.jpg | 503 | – | {refusing["requests_failed"]} | {{"code": 503}} |' in report
 
 
 def test_a_pruned_point_stops_after_the_window_the_pruner_judged_hopeless(endpoint):

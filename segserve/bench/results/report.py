@@ -95,6 +95,7 @@ def write_report(
         md += _target_section(target, records, params, constraints, objective, analysis.winners[target])
     md += _by_param_section(params)
     md += _causes_section(records)
+    md += _failures_section(records)
     md += _flags_section(records)
     md += ["", "## Time outside measurement (reconfigure_s + warmup_s)", "", _time_outside(records, analysis.targets), ""]
     path = out_dir / "report.md"
@@ -251,6 +252,60 @@ def _by_param_section(params: list[str]) -> list[str]:
     for param in params:
         lines += [f"![throughput by {param}](plots/{plot_name('throughput_by', param)})", ""]
     return lines
+
+
+def _failures_section(records: list[dict]) -> list[str]:
+    """Every failed request of the points, by kind (input × status) with a sample answer; then the nodes that
+    TorchServe's frontend log says failed or were retried. Nothing when no request failed."""
+    kinds = [
+        {
+            "point": r.get("run_id"),
+            **{k: row.get(k) for k in ("input", "status", "node", "count")},
+            "sample body": " ".join(row["body"].split()),
+        }
+        for r in records
+        for row in (r.get("failures") or {}).get("samples", [])
+    ]
+    nodes = [
+        {"point": r.get("run_id"), "node": node, **{k: counts.get(k) for k in ("invoked", "retried", "failed")}}
+        | {"cause": "; ".join(f"{cause} ({n})" for cause, n in counts.get("causes", {}).items()) or None}
+        | {"worker error": counts.get("worker_error")}
+        for r in records
+        for node, counts in (r.get("failures") or {}).get("by_node", {}).items()
+        if counts.get("failed") or counts.get("retried") or counts.get("worker_error")
+    ]
+    outside = [
+        f"`{r.get('run_id')}` ({_counts(r['failures']['outside_windows'])})"
+        for r in records
+        if (r.get("failures") or {}).get("outside_windows")
+    ]
+    if not kinds and not nodes and not outside:
+        return []
+    lines = ["", "## Failed requests", ""]
+    if kinds:
+        lines += [
+            "Each point's failed requests in its measured windows (they add up to `requests_failed`), by input and status, "
+            "with the first answer of each kind (its first 300 bytes; a timeout has none). `node`: the node a workflow's "
+            '500 names ("Error executing <node>").',
+            "",
+            render_table(kinds, ["point", "input", "status", "node", "count", "sample body"]),
+        ]
+    if nodes:
+        lines += [
+            "",
+            "What TorchServe's frontend log (ts_log.log, DagExecutor) says of each node over the whole load, warm-up "
+            'included: invocations (retries included), retries (logged as "Timed out while executing" whatever failed), '
+            "requests failed at the node and why, and the last exception of its workers (model_log.log).",
+            "",
+            render_table(nodes, ["point", "node", "invoked", "retried", "failed", "cause", "worker error"]),
+        ]
+    if outside:
+        lines += ["", f"Failed outside the measured windows (warm-up, discarded windows): {', '.join(outside)}."]
+    return lines
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{name}: {count}" for name, count in counts.items())
 
 
 def _flags_section(records: list[dict]) -> list[str]:

@@ -72,7 +72,8 @@ class GrpcConnection:
         self.channel: grpc.aio.Channel | None = None
         self.call = None
 
-    async def exchange(self, request: bytes) -> int:
+    async def exchange(self, request: bytes) -> tuple[int, bytes]:
+        """(the status the answer would have over HTTP, its body: a refused row's answer, a failed call's details)."""
         if self.channel is None:
             options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 64 * 2**20)]
             self.channel = grpc.aio.insecure_channel(self.target, options=options)
@@ -80,9 +81,9 @@ class GrpcConnection:
             self.call = self.channel.unary_unary(SERVICE, response_deserializer=inference_messages().PredictionResponse.FromString)
         try:
             answer = await self.call(request, metadata=self.metadata)
-            return 400 if answer.prediction.startswith(ERROR_ANSWER) else 200
+            return (400, answer.prediction) if answer.prediction.startswith(ERROR_ANSWER) else (200, b"")
         except grpc.aio.AioRpcError as error:
-            return HTTP_STATUS.get(error.code(), 500)
+            return HTTP_STATUS.get(error.code(), 500), f"{error.code().name}: {error.details()}".encode()
 
     def close(self) -> None:
         """After a timeout or an error: nothing to reset (the call was cancelled; the channel reconnects by itself)."""

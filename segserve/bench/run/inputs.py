@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from segserve.bench.run.load import Body
 from segserve.bench.suite.input_spec import InputSpec
 from segserve.model.synthetic import make_sample
 from segserve.model.train import normalise
@@ -16,21 +17,13 @@ from segserve.model.train import normalise
 TORCH_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-class Body(bytes):
-    """A request body that is sent with its own Content-Type (JSON, multipart); plain bytes go as octet-stream."""
-
-    def __new__(cls, data: bytes, content_type: str):
-        body = super().__new__(cls, data)
-        body.content_type = content_type
-        return body
-
-
 def request_bodies(specs: list[InputSpec]) -> list[bytes]:
     """What clients send, in the specs' order."""
     bodies = []
     for spec in specs:
         if spec.images is not None or spec.files is not None:
-            bodies += [Path(p).read_bytes() for pattern in spec.images or spec.files for p in sorted(glob.glob(pattern))]
+            paths = [Path(p) for pattern in spec.images or spec.files for p in sorted(glob.glob(pattern))]
+            bodies += [Body(path.read_bytes(), "application/octet-stream", path.name) for path in paths]
         elif spec.synthetic is not None:
             from torchvision.io import encode_jpeg
 

@@ -4,7 +4,9 @@ url grpc://host:port: grpc_load.py), recording every request.
 Closed loop: `concurrency` connections, each sends its next request when the previous response arrives.
 Open loop: send times are fixed up front (`arrival_schedule`); a request waits for a free connection and its
 latency counts from its intended send time, so a server that queues cannot hide it (coordinated omission).
-Every request ends up in the result: an HTTP status, 0 for a connection error, -1 for a timeout.
+Every request ends up in the result: an HTTP status, 0 for a connection error, -1 for a timeout. A failed one (any
+other than 2xx) also with the input it was sent, and the first answer of each kind (status × input) as its sample:
+what a success costs is unchanged, and a failure costs a tuple.
 """
 
 import asyncio
@@ -23,6 +25,22 @@ ARRIVALS = ("constant", "poisson")
 # After a connection error a closed-loop connection waits this long before reconnecting: against a dead server
 # the loop would otherwise spin, recording failures by the million and starving the stop_early check.
 RECONNECT_PAUSE_S = 0.01
+STATUS_NAMES = {CONNECTION_ERROR: "connection_error", TIMEOUT: "timeout"}  # the others by their number
+SAMPLE_BYTES = 300  # of the first answer of each kind of failure: enough for an error message, bounded for a storm
+
+
+class Body(bytes):
+    """A request body that is sent with its own Content-Type (JSON, multipart), and may carry its input's name (a
+    file's: failed requests are counted by it); plain bytes go as the spec's content_type, counted by their index.
+    Here, not in inputs.py: a load process unpickles it without importing torch."""
+
+    def __new__(cls, data: bytes, content_type: str, name: str | None = None):
+        body = super().__new__(cls, data)
+        body.content_type, body.name = content_type, name
+        return body
+
+    def __reduce__(self):  # to a load process (spawn): bytes' own pickling would call __new__ without content_type
+        return Body, (bytes(self), self.content_type, self.name)
 
 
 @dataclass
@@ -36,7 +54,7 @@ class LoadSpec:
     arrival: str = "constant"
     seed: int = 0
     timeout_s: float = 30.0
-    content_type: str = "application/octet-stream"  # of a body without its own (segserve.bench.run.inputs.Body)
+    content_type: str = "application/octet-stream"  # of a body without its own (Body)
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request (an http target's, e.g. Authorization)
 
     def __post_init__(self):
@@ -78,12 +96,20 @@ class LoadResult:
     status: list[int] = field(default_factory=list)  # HTTP status, 0 connection error, -1 timeout
     wall_s: float = 0.0
     client_cpu_s: float = 0.0  # process CPU time over the run (every thread of this process)
+    # The failed requests alone, (end_s, status, input index), and the first answer's first SAMPLE_BYTES of each
+    # kind (status, input index): a body, or for a timeout or connection error what happened.
+    failed: list[tuple[float, int, int]] = field(default_factory=list)
+    samples: dict[tuple[int, int], bytes] = field(default_factory=dict)
 
-    def record(self, intended_s: float, end_s: float, status: int) -> None:
+    def record(self, intended_s: float, end_s: float, status: int, input_index: int = 0, answer: bytes = b"") -> None:
         self.intended_s.append(intended_s)
         self.end_s.append(end_s)
         self.latency_ms.append((end_s - intended_s) * 1000)
         self.status.append(status)
+        if not 200 <= status < 300:
+            self.failed.append((end_s, status, input_index))
+            if (status, input_index) not in self.samples:
+                self.samples[status, input_index] = bytes(answer[:SAMPLE_BYTES])
 
     def window(self, from_s: float, to_s: float) -> "LoadResult":
         """The requests that ended in [from_s, to_s); CPU time is prorated by the window's share of the run."""
@@ -93,6 +119,8 @@ class LoadResult:
         """The requests that ended in any of the [from_s, to_s) spans (disjoint), as one result of their total time."""
         keep = [i for i, end in enumerate(self.end_s) if any(a <= end < b for a, b in spans)]
         span_s = sum(b - a for a, b in spans)
+        failed = [f for f in self.failed if any(a <= f[0] < b for a, b in spans)]
+        kinds = {(status, index) for _, status, index in failed}
         return LoadResult(
             [self.intended_s[i] for i in keep],
             [self.end_s[i] for i in keep],
@@ -100,11 +128,12 @@ class LoadResult:
             [self.status[i] for i in keep],
             wall_s=span_s,
             client_cpu_s=self.client_cpu_s * span_s / self.wall_s if self.wall_s > 0 else 0.0,
+            failed=failed,
+            samples={kind: body for kind, body in self.samples.items() if kind in kinds},
         )
 
     def status_counts(self) -> dict[str, int]:
-        names = {CONNECTION_ERROR: "connection_error", TIMEOUT: "timeout"}
-        return dict(Counter(names.get(status, str(status)) for status in self.status))
+        return dict(Counter(status_name(status) for status in self.status))
 
     @property
     def ok(self) -> list[bool]:
@@ -122,6 +151,10 @@ class LoadResult:
         if stop >= len(ends):  # nothing after the window yet: its own edge
             return (stop - start) / (to_s - ends[start])
         return (stop - start) / (ends[stop] - ends[start])
+
+
+def status_name(status: int) -> str:
+    return STATUS_NAMES.get(status, str(status))
 
 
 def arrival_schedule(rate_rps: float, duration_s: float, arrival: str = "constant", seed: int = 0) -> list[float]:
@@ -147,7 +180,8 @@ class _Connection:
         self.writer: asyncio.StreamWriter | None = None
         self.replied = False
 
-    async def exchange(self, request: bytes) -> int:
+    async def exchange(self, request: bytes) -> tuple[int, bytes]:
+        """(status, body): the body as read (a chunked one: its first SAMPLE_BYTES at least)."""
         reused = self.writer is not None
         try:
             return await self._exchange_once(request)
@@ -158,7 +192,7 @@ class _Connection:
                 return await self._exchange_once(request)
             raise
 
-    async def _exchange_once(self, request: bytes) -> int:
+    async def _exchange_once(self, request: bytes) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         self.replied = False
@@ -166,16 +200,17 @@ class _Connection:
         self.writer.write(request)
         status, headers, version = await self._read_head()
         self.replied = True
+        body = b""
         if headers.get(b"transfer-encoding", b"").endswith(b"chunked"):
-            await self._skip_chunks()
+            body = await self._skip_chunks()
         elif b"content-length" in headers:
-            await self.reader.readexactly(int(headers[b"content-length"]))
+            body = await self.reader.readexactly(int(headers[b"content-length"]))
         elif status >= 200 and status not in (204, 304):
-            await self.reader.read()  # no length given: the body runs to the end of the connection
+            body = await self.reader.read()  # no length given: the body runs to the end of the connection
             headers[b"connection"] = b"close"
         if headers.get(b"connection") == b"close" or (version == b"http/1.0" and headers.get(b"connection") != b"keep-alive"):
             self.close()
-        return status
+        return status, body
 
     async def _read_head(self) -> tuple[int, dict[bytes, bytes], bytes]:
         while True:
@@ -186,11 +221,16 @@ class _Connection:
         headers = {name.strip(): value.strip() for name, _, value in (line.partition(b":") for line in lines[1:])}
         return int(status), headers, version
 
-    async def _skip_chunks(self) -> None:
+    async def _skip_chunks(self) -> bytes:
+        """Read a chunked body; its first chunks, up to SAMPLE_BYTES, are returned (a failure's sample)."""
+        start = b""
         while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
-            await self.reader.readexactly(size + 2)
+            chunk = await self.reader.readexactly(size + 2)
+            if len(start) < SAMPLE_BYTES:
+                start += chunk[:-2]
         while await self.reader.readuntil(b"\r\n") != b"\r\n":  # trailers, ended by an empty line
             pass
+        return start
 
     def close(self) -> None:
         if self.writer is not None:
@@ -201,16 +241,17 @@ class _Connection:
         self.close()
 
 
-async def _send(connection: _Connection, request: bytes, timeout_s: float) -> int:
+async def _send(connection: _Connection, request: bytes, timeout_s: float) -> tuple[int, bytes]:
+    """(status, the answer's body, or for a connection error the exception; b"" for a timeout)."""
     try:
         async with asyncio.timeout(timeout_s):
             return await connection.exchange(request)
     except TimeoutError:  # before OSError: TimeoutError is one
         connection.close()
-        return TIMEOUT
-    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):  # ValueError: a malformed reply
+        return TIMEOUT, b""
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as error:  # ValueError: a malformed reply
         connection.close()
-        return CONNECTION_ERROR
+        return CONNECTION_ERROR, f"{type(error).__name__}: {error}".encode()
 
 
 class _Run:
@@ -252,10 +293,11 @@ class _Run:
     def now_s(self) -> float:
         return time.monotonic() - self.t0
 
-    def next_request(self) -> bytes:
-        request = self.requests[self.sent % len(self.requests)]
+    def next_request(self) -> tuple[int, bytes]:
+        """(the input's index in spec.bodies, its request)."""
+        index = self.sent % len(self.requests)
         self.sent += 1
-        return request
+        return index, self.requests[index]
 
     def connection(self):
         if self.grpc:
@@ -267,15 +309,17 @@ class _Run:
     def snapshot(self) -> LoadResult:
         r = self.result
         return LoadResult(
-            list(r.intended_s), list(r.end_s), list(r.latency_ms), list(r.status), self.now_s(), time.process_time() - self.cpu0
-        )
+            list(r.intended_s), list(r.end_s), list(r.latency_ms), list(r.status), self.now_s(), time.process_time() - self.cpu0,
+            list(r.failed), dict(r.samples),
+        )  # fmt: skip
 
     async def closed_loop(self) -> None:
         connection = self.connection()
         while self.stop_s is None:
             intended_s = self.now_s()
-            status = await _send(connection, self.next_request(), self.spec.timeout_s)
-            self.result.record(intended_s, self.now_s(), status)
+            index, request = self.next_request()
+            status, answer = await _send(connection, request, self.spec.timeout_s)
+            self.result.record(intended_s, self.now_s(), status, index, answer)
             if status == CONNECTION_ERROR:
                 await asyncio.sleep(RECONNECT_PAUSE_S)
 
@@ -290,21 +334,21 @@ class _Run:
                 self.sleeping_until_s = intended_s
                 await asyncio.sleep(delay_s)
                 self.sleeping_until_s = None
-            request = self.next_request()
+            index, request = self.next_request()
             # The timeout counts from the intended time, like the latency: waiting for a connection uses it up too.
             try:
                 async with asyncio.timeout(intended_s + self.spec.timeout_s - self.now_s()):
                     connection = await idle.get()
             except TimeoutError:
-                self.result.record(intended_s, self.now_s(), TIMEOUT)
+                self.result.record(intended_s, self.now_s(), TIMEOUT, index)
                 continue
-            task = asyncio.create_task(self.open_request(connection, request, intended_s, idle))
+            task = asyncio.create_task(self.open_request(connection, index, request, intended_s, idle))
             self.in_flight.add(task)
             task.add_done_callback(self.in_flight.discard)
 
-    async def open_request(self, connection: _Connection, request: bytes, intended_s: float, idle: asyncio.Queue) -> None:
-        status = await _send(connection, request, intended_s + self.spec.timeout_s - self.now_s())
-        self.result.record(intended_s, self.now_s(), status)
+    async def open_request(self, connection: _Connection, index: int, request: bytes, intended_s: float, idle: asyncio.Queue) -> None:
+        status, answer = await _send(connection, request, intended_s + self.spec.timeout_s - self.now_s())
+        self.result.record(intended_s, self.now_s(), status, index, answer)
         idle.put_nowait(connection)
 
     async def run(self, duration_s: float, stop_early: Callable[[LoadResult], bool] | None, check_every_s: float) -> LoadResult:

@@ -39,15 +39,19 @@ def split(spec: LoadSpec, processes: int) -> list[LoadSpec]:
 def _child(spec: LoadSpec, duration_s: float, t0: float, check_every_s: float, stop, out) -> None:
     """run_load in this process; every check, the requests recorded since the last one go to the parent, shifted onto
     its clock (time.monotonic is the machine's: the same in every process)."""
-    sent = 0
+    sent = sent_failed = 0
     shift = time.monotonic() - t0  # run_load's own clock starts now
+    sampled: set = set()  # the kinds of failure whose sample went to the parent
 
     def send(result: LoadResult) -> None:
-        nonlocal sent
+        nonlocal sent, sent_failed
         rows = {name: getattr(result, name)[sent:] for name in FIELDS}
         rows["intended_s"] = [t + shift for t in rows["intended_s"]]
         rows["end_s"] = [t + shift for t in rows["end_s"]]
-        sent += len(rows["status"])
+        rows["failed"] = [(end_s + shift, status, index) for end_s, status, index in result.failed[sent_failed:]]
+        rows["samples"] = {kind: body for kind, body in result.samples.items() if kind not in sampled}
+        sent, sent_failed = sent + len(rows["status"]), sent_failed + len(rows["failed"])
+        sampled.update(rows["samples"])
         out.put(("rows", rows))
 
     def stop_early(result: LoadResult) -> bool:
@@ -96,6 +100,9 @@ def run_load_processes(
             if kind == "rows":
                 for name in FIELDS:
                     getattr(merged, name).extend(payload[name])
+                merged.failed.extend(payload["failed"])
+                for failure, body in payload["samples"].items():  # the first of each kind to arrive, from any process
+                    merged.samples.setdefault(failure, body)
             elif kind == "done":
                 cpu_s, done = cpu_s + payload, done + 1
             elif kind == "error":
@@ -104,7 +111,9 @@ def run_load_processes(
             now_s = time.monotonic() - t0
             if stop_early is not None and not stop.is_set() and now_s >= next_check_s:
                 next_check_s = now_s + check_every_s
-                snapshot = LoadResult(*(list(getattr(merged, name)) for name in FIELDS), wall_s=now_s, client_cpu_s=cpu_s)
+                snapshot = LoadResult(
+                    *(list(getattr(merged, name)) for name in FIELDS), now_s, cpu_s, list(merged.failed), dict(merged.samples)
+                )
                 if stop_early(snapshot):
                     stop.set()
     finally:
@@ -120,4 +129,5 @@ def run_load_processes(
     order = sorted(range(len(merged.status)), key=merged.end_s.__getitem__)
     result = LoadResult(*([getattr(merged, name)[i] for i in order] for name in FIELDS))
     result.wall_s, result.client_cpu_s = time.monotonic() - t0, cpu_s
+    result.failed, result.samples = sorted(merged.failed), merged.samples
     return result

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from segserve.bench.results.stats import latency_summary, mean_interval, spread, stable_tail
+from segserve.bench.run.failures import LogMark, attributed, input_names, merged
 from segserve.bench.run.load import LoadResult, LoadSpec
 from segserve.bench.run.load_processes import live_pids, run_load_processes
 from segserve.bench.suite.spec import LoadSettings
@@ -36,6 +37,7 @@ class Endpoint:
     metrics_url: str | None  # None: not ours (an http target): no server columns
     models: tuple[str, ...]  # TorchServe models whose counters describe it
     grpc_url: str | None = None  # TorchServe's gRPC inference API (grpc://host:port), for load.protocol grpc
+    logs: Path | None = None  # TorchServe's logs folder (ours): failed requests are attributed to the nodes they name
 
 
 def measure(
@@ -68,6 +70,7 @@ def measure(
             started.start()
     # disturbed windows are measured again: up to max_windows more
     budget_windows = load.max_windows * (2 if disturbance else 1)
+    mark = LogMark(endpoint.logs) if endpoint.logs else None
     try:
         result = run_load_processes(spec, warmup_s + budget_windows * window_s, load.client_processes, settled, window_s / 2)
     finally:  # their threads end with the load, also when it fails
@@ -81,6 +84,7 @@ def measure(
     used_rates = _rates(result, chosen.used)  # the windows the numbers come from
     return {
         **_windowed_throughput_columns(measured, used_rates),
+        "failures": attributed(measured, input_names(bodies), result, mark, load.timeout_s),
         **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
         **_client_columns(result, load.client_processes),
         **_window_columns(result, windows, chosen, used_rates, settled.pruned),
@@ -219,13 +223,14 @@ def measure_phases(
         sampler.start()
     gpu = GpuUsageSampler().start()  # over every phase, as the server's CPU
     try:
-        phases, everything = _run_phases(load, spec)
+        phases, everything = _run_phases(load, spec, endpoint.logs)
     finally:  # its thread ends with the load, also when it fails
         gpu_usage = gpu.stop()
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
     return {
         **_counted_columns(everything),  # every phase's requests
+        "failures": merged([phase["failures"] for phase in phases]),
         "phases": phases,
         **(_server_columns(endpoint, before, after, len(everything.status)) if ours else {}),
         **_client_columns(everything, load.client_processes),
@@ -249,18 +254,21 @@ def _phase_spec(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: li
     return _load_spec(endpoint, load, bodies, concurrency, rate, params.get("protocol"))
 
 
-def _run_phases(load: LoadSettings, spec) -> tuple[list[dict], LoadResult]:
-    """Load each phase in turn with spec(phase); (each phase's columns, every phase's requests as one result)."""
+def _run_phases(load: LoadSettings, spec, logs: Path | None = None) -> tuple[list[dict], LoadResult]:
+    """Load each phase in turn with spec(phase); (each phase's columns, every phase's requests as one result).
+    `logs`: TorchServe's, read for each phase's failures."""
     phases, everything = [], LoadResult()
     for phase in load.phases:
         started_epoch_s = time.time()
-        result = run_load_processes(spec(phase), phase.duration_s, load.client_processes)
+        phase_spec, mark = spec(phase), LogMark(logs) if logs else None
+        result = run_load_processes(phase_spec, phase.duration_s, load.client_processes)
         windows = [(a, min(a + load.window_s, phase.duration_s)) for a in _starts(phase.duration_s, load.window_s)]
         phases.append(
             {
                 "phase": phase.name,
                 "started_epoch_s": started_epoch_s,
                 **_counted_columns(result),
+                "failures": attributed(result, input_names(phase_spec.bodies), None, mark, load.timeout_s),
                 # completions per load.window_s through the phase: how the rate moved in it (a move shows here)
                 "window_throughputs_rps": [round(result.rate_rps(a, b), 2) for a, b in windows],
             }

@@ -16,6 +16,7 @@ from segserve.bench.results.analysis import bare_ratio_reasons
 from segserve.bench.results.stats import bootstrap_interval, ratio_of_medians, uncertainty
 from segserve.bench.run.bare_forward import bare_device, bare_shape, run_accuracy, run_bare
 from segserve.bench.run.deploy import Deployment
+from segserve.bench.run.failures import failure_line, merged
 from segserve.bench.run.measure import measure, measure_phases
 from segserve.bench.search import Strategy
 from segserve.bench.suite.columns import Record
@@ -320,6 +321,7 @@ def combine_rounds(rounds: list[dict]) -> dict:
             "measured_window_throughputs_rps": [w for r in rounds for w in r.get("measured_window_throughputs_rps") or []],
             "requests_ok": sum(r.get("requests_ok") or 0 for r in rounds),
             "requests_failed": sum(r.get("requests_failed") or 0 for r in rounds),
+            "failures": merged([r.get("failures") for r in rounds]),
         }
     )
     for key in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_mean_ms"):
@@ -414,3 +416,5 @@ class Progress:
             if record.get("bare_disturbed"):
                 outcome += f", its bare forward DISTURBED (others took {record.get('bare_others_cpu_pct') or 0:.0f}% of the machine)"
         self.log(f"[{bar:<20}] {self.done}/{self.total} {point.target} {params}: {outcome} ({elapsed_s:.0f}s; ETA {eta_s / 60:.1f} min)")
+        if line := failure_line(point.run_id, record.get("failures")):
+            self.log(line)

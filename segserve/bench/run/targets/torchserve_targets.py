@@ -64,7 +64,8 @@ class TorchServeTargets(Kind):
         self.ensure_workers(point, target)
         server = self.server
         grpc = server.grpc_inference_url()
-        return Endpoint(server.url("inference"), target.endpoint, server.token("inference"), {}, server.url("metrics"), target.models, grpc)
+        endpoint, token, logs = target.endpoint, server.token("inference"), server.run_dir / "logs"
+        return Endpoint(server.url("inference"), endpoint, token, {}, server.url("metrics"), target.models, grpc, logs)
 
     def watched_processes(self, endpoint: Endpoint) -> dict[str, list[int]] | None:
         """TorchServe's frontend and workers by role, for their CPU and RSS."""
