@@ -40,6 +40,7 @@ def test_bad_download_keys_are_refused_when_the_suite_is_read(tmp_path, monkeypa
     with pytest.raises(UsageError) as refused:
         load(tmp_path, target)
     assert says in str(refused.value), str(refused.value)
+    assert "u:p@" not in str(refused.value)  # the message's "(got …)" masks a URL's credentials too
 
 
 def test_the_pins_and_the_cap_of_a_target_reach_its_download(origin, tmp_path, monkeypatch):  # noqa: F811

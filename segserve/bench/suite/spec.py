@@ -25,6 +25,7 @@ from pydantic import (
     model_validator,
 )
 
+from segserve.archives.archive_urls import masked_text
 from segserve.archives.catalog import Catalog, unknown
 from segserve.bench.suite.columns import METRICS
 from segserve.bench.suite.input_spec import InputSpec
@@ -352,7 +353,8 @@ def format_errors(path: Path, error: ValidationError) -> list[str]:
             lines.append(f"{path}: {dotted}: unknown key{hint}")
             continue
         message = item["msg"].removeprefix("Value error, ")
-        got = "" if item["type"] == "missing" or "got" in message or "unknown metric" in message else f" (got {item['input']!r})"
+        shown = masked_text(repr(item["input"]))  # an archive URL's user:password and query values stay unprinted
+        got = "" if item["type"] == "missing" or "got" in message or "unknown metric" in message else f" (got {shown})"
         if item["type"] == "literal_error":
             choices = re.findall(r"'([^']*)'", item["ctx"]["expected"])
             close = difflib.get_close_matches(str(item["input"]), choices, n=1)
