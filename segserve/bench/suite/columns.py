@@ -99,6 +99,8 @@ class Record(TypedDict, total=False):
     client_cpu_pct: float | None
     reconfigure_s: float
     error: str | None  # why the point failed; None for a measurement
+    # its failed requests by status, input and node, a sample answer of each kind (bench/run/failures.py); None: none
+    failures: dict | None
     environment: dict  # the machine it was measured on (segserve/machine/identity.py)
 
 
