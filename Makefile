@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup setup-dev setup-ipex setup-numactl setup-postgres setup-pushgateway setup-hey build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean setup-peers test-peers peers
+.PHONY: setup setup-dev setup-checkov setup-ipex setup-numactl setup-postgres setup-pushgateway setup-hey build run bench test test-unit test-long lint docs doc-check fuzz chaos mix gpu-check gpu-bundle clean setup-peers test-peers peers
 
 DEV_STAMP := $(VENV)/.installed-dev
 
@@ -33,6 +33,15 @@ $(DEV_STAMP): $(STAMP)
 	$(UV) -e '.[dev]'
 	$(UV) --no-deps 'kserve==0.21.0'
 	touch $(DEV_STAMP)
+
+# checkov (PyPI) in a venv of its own inside .venv: tests/unit/test_manifest_checkov.py scans best/k8s.yaml with it. Its
+# pins are older than this project's (boto3<1.36, networkx<2.7, packaging<24): in the project's venv it would downgrade them.
+CHECKOV_VENV := $(VENV)/checkov
+setup-checkov: $(CHECKOV_VENV)/bin/checkov
+
+$(CHECKOV_VENV)/bin/checkov: | $(STAMP)
+	$(PYTHON) -m venv $(CHECKOV_VENV)
+	$(BIN)/uv pip install --quiet --python $(CHECKOV_VENV)/bin/python 'checkov==3.3.30'
 
 # Intel Extension for PyTorch in a venv of its own: its newest release on PyPI (2.8.0) is built for torch 2.8, older than
 # the project's torch. A suite serves from it with grid.server.venv: [.venv-ipex] (its torchserve starts the workers).
@@ -103,13 +112,13 @@ lint: setup-dev
 # three but the tests marked long (≤ 12 minutes on 2 cores, what CI runs); those run in make test-long.
 # Two processes (pytest-xdist, a test file to a process: most tests wait on servers and windows as much as they
 # compute), then the tests marked solo alone (they measure the machine's CPU); both always run.
-test: lint setup-postgres setup-pushgateway
+test: lint setup-checkov setup-postgres setup-pushgateway
 	shared=0; solo=0; \
 	$(BIN)/python -m pytest -m "not long and not solo" -n 2 --dist loadfile --no-loadscope-reorder --durations=25 || shared=$$?; \
 	$(BIN)/python -m pytest -m "solo and not long" || solo=$$?; \
 	[ $$shared -eq 0 ] && [ $$solo -eq 0 ]
 
-test-unit: setup-dev
+test-unit: setup-dev setup-checkov
 	$(BIN)/python -m pytest tests/unit -m "not long"
 
 test-long: setup-dev setup-postgres setup-pushgateway
