@@ -55,10 +55,10 @@ def error_answer(status: int, message: str, failed: bool = False) -> Answer:
     return Answer(status, "", "application/json", json.dumps({"error": message}).encode(), failed)
 
 
-def workflow_error(node: str) -> Answer:
-    """What /wfpredict answers when a node failed a request every time: NettyUtils.sendError's ErrorResponse, Gson
-    pretty with a final newline; its message the last ':'-piece of the exception DagExecutor.java threw."""
-    error = {"code": JsonNumber("500"), "type": "InternalServerException", "message": f"Error executing {node}"}
+def workflow_error(message: str) -> Answer:
+    """/wfpredict's 500: NettyUtils.sendError's ErrorResponse, Gson pretty with a final newline. For a node that failed
+    a request every time the message is "Error executing <node>" (the last ':'-piece of DagExecutor.java's exception)."""
+    error = {"code": JsonNumber("500"), "type": "InternalServerException", "message": message}
     return Answer(500, "Internal Server Error", "application/json", (gson_pretty(error) + "\n").encode("utf-8"))
 
 
@@ -278,7 +278,7 @@ class FusedWorkflow:
             for i, answer in zip(alive, answers, strict=True):
                 outputs[name][i] = answer
                 if answer.failed and not self.stop_at_node:
-                    stopped[i] = workflow_error(name)
+                    stopped[i] = workflow_error(f"Error executing {name}")
                 elif not answer.ok and self.stop_at_node:
                     stopped[i] = answer
         return [self._respond(context, i, stopped[i] or self._combined(outputs, i)) for i in range(rows)]
@@ -305,10 +305,10 @@ class FusedWorkflow:
         for leaf in self.leaves:
             try:
                 value = json.loads(outputs[leaf][i].body.decode("utf-8"), parse_float=JsonNumber, parse_int=JsonNumber)
-            except ValueError as error:
-                return error_answer(500, f"leaf {leaf} did not answer JSON ({error}): several leaves answer one object of them")
-            if not isinstance(value, dict):
-                return error_answer(500, f"leaf {leaf} answered JSON that is not an object: several leaves answer one object of them")
+            except ValueError:
+                value = None
+            if not isinstance(value, dict):  # /wfpredict: 500 with the message of Gson's parser (not matched here)
+                return workflow_error(f"leaf {leaf} did not answer a JSON object: several leaves answer one object of them")
             combined[leaf] = value
         return Answer(200, "", "application/json", (gson_pretty(combined) + "\n").encode("utf-8"))
 
