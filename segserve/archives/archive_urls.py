@@ -88,6 +88,10 @@ def cache_folder(prefix: str) -> Path:
     return root / "archives" / hashlib.sha1(prefix.encode()).hexdigest()[:16]
 
 
+def md5_hex(body: bytes) -> str:
+    return hashlib.md5(body).hexdigest()  # noqa: S324 (S3's ETag of a single-part upload, not security)
+
+
 def file_name(url: str) -> str:
     return safe_relative_name(PurePosixPath(urlsplit(url).path).name, masked(url))
 
@@ -124,16 +128,21 @@ def _remove(*paths: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def check_scheme(url: str, rules: DownloadRules, what: str = "") -> None:
-    """https, s3, or http to loopback (or anywhere with rules.plain_http): a plain http download crosses the
-    network readable and changeable, credentials and code alike."""
+def scheme_problem(url: str, rules: DownloadRules) -> str | None:
+    """Why `url` may not be fetched, else None: https, s3, or http to loopback (or anywhere with rules.plain_http),
+    since a plain http download crosses the network readable and changeable, credentials and code alike."""
     parts = urlsplit(url)
     if parts.scheme == "http" and not rules.plain_http and not is_loopback(parts.hostname or ""):
-        raise RuntimeFailure(
-            f"{what}{masked(url)}: plain http is allowed to loopback only: use https:// (or `plain_http: true` in the archive target)"
-        )
+        return f"{masked(url)}: plain http goes to loopback only: use https:// (or `plain_http: true` in the archive target)"
     if parts.scheme not in REMOTE_SCHEMES:
-        raise RuntimeFailure(f"{what}{masked(url)}: give an https://, http:// (loopback) or s3:// URL")
+        return f"{masked(url)}: give an https://, http:// (loopback) or s3:// URL"
+    return None
+
+
+def check_scheme(url: str, rules: DownloadRules, what: str = "") -> None:
+    problem = scheme_problem(url, rules)
+    if problem:
+        raise RuntimeFailure(what + problem)
 
 
 def is_loopback(host: str) -> bool:
@@ -219,8 +228,6 @@ def _s3_object(url: str, target: Path, partial: Path, rules: DownloadRules) -> b
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
-
-    from segserve.archives.s3_prefix import md5_hex  # (s3_prefix checks its names with safe_relative_name, from here)
 
     parts = urlsplit(url)
     # the key as written after the bucket: `s3://bucket//etc/x.mar` is not quietly another object

@@ -5,7 +5,8 @@ only when the archive in S3 changed."""
 
 from pathlib import Path
 
-from segserve.archives.s3_prefix import S3Prefix, md5_hex
+from segserve.archives.archive_urls import md5_hex
+from segserve.archives.s3_prefix import S3Prefix
 from segserve.errors import UsageError
 
 ARCHIVE_SUFFIXES = (".mar", ".war")

@@ -3,11 +3,10 @@ the local bytes differ, read back verified. Credentials and region come the usua
 profile); `endpoint_url` points it at another S3 endpoint. Results (`--export`) and archives (`build --upload`,
 `serve --model-store s3://`) both use it."""
 
-import hashlib
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from segserve.archives.archive_urls import safe_relative_name
+from segserve.archives.archive_urls import md5_hex, safe_relative_name
 from segserve.errors import UsageError
 
 
@@ -23,10 +22,6 @@ def aws_call(naming: str, action):
         raise UsageError(f"{naming}: {info.get('Code', '?')}: {info.get('Message') or 'refused'}") from None
     except BotoCoreError as error:
         raise UsageError(f"{naming}: {error}") from None
-
-
-def md5_hex(body: bytes) -> str:
-    return hashlib.md5(body).hexdigest()  # noqa: S324 (S3's ETag of a single-part upload, not security)
 
 
 class S3Prefix:

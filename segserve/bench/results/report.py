@@ -286,7 +286,7 @@ def _failures_section(records: list[dict]) -> list[str]:
         lines += [
             "Each point's failed requests in its measured windows (they add up to `requests_failed`), by input and status, "
             "with the first answer of each kind (its first 300 bytes; a timeout has none). `node`: the node a workflow's "
-            '500 names ("Error executing <node>").',
+            "500 names (`Error executing <node>`).",
             "",
             render_table(kinds, ["point", "input", "status", "node", "count", "sample body"]),
         ]
@@ -294,7 +294,7 @@ def _failures_section(records: list[dict]) -> list[str]:
         lines += [
             "",
             "What TorchServe's frontend log (ts_log.log, DagExecutor) says of each node over the whole load, warm-up "
-            'included: invocations (retries included), retries (logged as "Timed out while executing" whatever failed), '
+            "included: invocations (retries included), retries (logged as `Timed out while executing` whatever failed), "
             "requests failed at the node and why, and the last exception of its workers (model_log.log).",
             "",
             render_table(nodes, ["point", "node", "invoked", "retried", "failed", "cause", "worker error"]),
