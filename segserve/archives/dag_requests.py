@@ -7,16 +7,18 @@ status and content type are dropped): a node with one parent gets a parameter `b
 parent, named after the parent. None has a content type, so the worker hands each to the handler as a bytearray
 (ts/protocol/otf_message_handler.py). Over HTTP the same row comes from a multipart/form-data body of one part per
 parent without a file name (inputs.form_data). A function node runs in a worker of its own, at batch size 1, with the
-.war's folder as its model folder (ModelManager.registerModel); here it runs in this process from the .war's own
-function file, one row at a time, its answer encoded as a worker encodes it. Nothing heavy is imported until then.
+.war's folder as its model folder (ModelManager.registerModel); here it runs in a Python process of its own from the
+.war's own function file, one row at a time, its answer encoded as a worker encodes it.
 """
 
 import ast
+import base64
 import email.parser
 import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -86,11 +88,10 @@ def request_of(parent_answers: dict[str, bytes]) -> bytes:
     return form_data([(parent, bytes(answer)) for parent, answer in parent_answers.items()])
 
 
-def worker_row(body: bytes) -> tuple[dict, dict]:
-    """(row, parameter headers) a TorchServe worker hands a handler for this HTTP request body: the frontend's
-    parameters (InferenceRequestHandler.parseRequest: a form's fields and files, else `body` with the request's
-    type) decoded as the worker decodes them (JSON, text, else a bytearray)."""
-    content_type = getattr(body, "content_type", "application/octet-stream")
+def worker_row(body: bytes, content_type: str) -> tuple[dict, dict]:
+    """(row, parameter headers) a TorchServe worker hands a handler for an HTTP request of this body and type: the
+    frontend's parameters (InferenceRequestHandler.parseRequest: a form's fields and files, else `body` with the
+    request's type) decoded as the worker decodes them (JSON, text, else a bytearray)."""
     mime = content_type.split(";")[0].strip().lower()
     if mime == "multipart/form-data":
         message = email.parser.BytesParser().parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + bytes(body))
@@ -138,107 +139,116 @@ def function_names(war: Path, functions_file: str) -> set[str]:
 
 
 class FunctionFile:
-    """A .war's function file, run here as TorchServe runs a function node: imported (on first use, under a name of
-    its own) from a copy of the .war's files, that folder first on sys.path and the working directory while its code
-    runs, as a worker's model folder is; each node called once with None (the load) and then one row at a time
-    with a Context like its worker's. A context manager: the copy and the module go at its end."""
+    """A .war's function file, run as TorchServe runs a function node: each node in a Python process of its own (as
+    each gets a worker of its own; a crash or a stray exit stays there), from a copy of the .war's files that is its
+    working directory and first on sys.path, as a worker's model folder is. There the file is imported under a name
+    of its own, the node called once with None (the load) and then one row at a time with a Context like its
+    worker's (_run_node). The child's environment is `env` (None: this process's). A context manager: the copy goes
+    at its end."""
 
-    def __init__(self, war: Path, workflow: str, functions_file: str):
-        self.war, self.workflow, self.functions_file = war, workflow, functions_file
+    def __init__(self, war: Path, workflow: str, functions_file: str, env: dict[str, str] | None = None):
+        self.war, self.workflow, self.functions_file, self.env = war, workflow, functions_file, env
         self.folder: Path | None = None
-        self.module = None
-        self.loaded: dict[str, tuple] = {}  # node → (entry, context)
 
     def __enter__(self) -> "FunctionFile":
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self.module is not None:
-            sys.modules.pop(self.module.__name__, None)
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
     def answers(self, node: str, bodies: list[bytes]) -> list[bytes]:
         """Function node `node`'s answer to each body, encoded as its worker sends it to the frontend."""
-        with self._inside():
-            entry, context = self._load(node)
-            return [self._one(node, entry, context, index, body) for index, body in enumerate(bodies)]
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="segserve-war-functions-"))
+            with zipfile.ZipFile(self.war) as archive:
+                archive.extractall(self.folder / "war")  # zipfile drops absolute paths and '..' from member names
+        where = f"{self.war.name}: function node {node!r}"
+        request, reply = self.folder / f"{node}.request.json", self.folder / f"{node}.reply.json"
+        sent = [[base64.b64encode(bytes(body)).decode(), content_type_of(body)] for body in bodies]
+        names = {"folder": str(self.folder / "war"), "functions_file": self.functions_file, "workflow": self.workflow}
+        request.write_text(json.dumps({**names, "war": self.war.name, "node": node, "bodies": sent}))
+        reply.unlink(missing_ok=True)  # an earlier call's
+        command = [sys.executable, "-m", "segserve.archives.dag_requests", str(request), str(reply)]
+        try:  # a JSON reply, never a pickle: what the child writes is the user's code's to shape
+            done = subprocess.run(command, capture_output=True, text=True, env=self.env, cwd=self.folder, timeout=FUNCTION_NODE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeFailure(f"{where}: no answer to its {len(bodies)} input(s) in {FUNCTION_NODE_TIMEOUT_S} s") from None
+        if not reply.is_file():
+            said = (done.stderr.strip().splitlines() or ["nothing on stderr"])[-1]
+            raise RuntimeFailure(f"{where}: its process ended with status {done.returncode} and no answer: {said}")
+        answered = json.loads(reply.read_text())
+        if "error" in answered:
+            raise RuntimeFailure(answered["error"])
+        return [base64.b64decode(answer) for answer in answered["answers"]]
 
-    def _load(self, node: str) -> tuple:
-        if node in self.loaded:
-            return self.loaded[node]
-        from ts.context import Context
 
-        where = f"{self.war.name}: function node {node!r} ({self.functions_file})"
-        try:
-            if self.module is None:
-                name = f"_segserve_war_{uuid.uuid4().hex}"  # never another .war's module of the same file name
-                spec = importlib.util.spec_from_file_location(name, self.folder / self.functions_file)
-                self.module = importlib.util.module_from_spec(spec)
-                sys.modules[name] = self.module
-                spec.loader.exec_module(self.module)
-            entry = getattr(self.module, node)
-            # as ts/model_loader.py builds a function node's: no MANIFEST in the .war's folder, batch size 1
-            context = Context(f"{self.workflow}__{node}", str(self.folder), None, 1, None, _ts_version(), True, _metrics(), {})
-            entry(None, context)  # TorchServe's load-time call
-        except Exception as error:
-            raise RuntimeFailure(f"{where} does not load: {type(error).__name__}: {error}") from error
-        self.loaded[node] = entry, context
-        return entry, context
+FUNCTION_NODE_TIMEOUT_S = 900  # for all of a node's inputs, its load included
 
-    def _one(self, node: str, entry, context, index: int, body: bytes) -> bytes:
-        from ts.context import RequestProcessor
 
-        from segserve.fuse.fused_handler import as_bytes
+def content_type_of(body: bytes) -> str:
+    """What a body is sent as: its own Content-Type, plain bytes as octet-stream."""
+    return getattr(body, "content_type", None) or "application/octet-stream"
 
-        row, headers = worker_row(body)
+
+def _run_node(request: dict) -> list[bytes]:
+    """In the child: function node request["node"] of the .war's function file, on each body, as its worker runs it."""
+    import ts
+    from ts.context import Context, RequestProcessor
+
+    folder, node = request["folder"], request["node"]
+    where = f"{request['war']}: function node {node!r}"
+    sys.path.insert(0, folder)
+    os.chdir(folder)
+    try:
+        name = f"_segserve_war_{uuid.uuid4().hex}"  # never a module of segserve's or the environment's
+        spec = importlib.util.spec_from_file_location(name, Path(folder) / request["functions_file"])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        entry = getattr(module, node)
+        # as ts/model_loader.py builds a function node's: no MANIFEST in the .war's folder, batch size 1
+        context = Context(f"{request['workflow']}__{node}", folder, None, 1, None, ts.__version__, True, _metrics(), {})
+        entry(None, context)  # TorchServe's load-time call
+    except Exception as error:
+        raise RuntimeFailure(f"{where} ({request['functions_file']}) does not load: {type(error).__name__}: {error}") from error
+    answers = []
+    for index, (data, content_type) in enumerate(request["bodies"]):
+        row, headers = worker_row(base64.b64decode(data), content_type)
         # what ts/service.py's predict sets before each call
         context.request_ids = {0: str(uuid.uuid4())}
         context.request_processor = [RequestProcessor(headers)]
         context.metrics.request_ids = context.request_ids
-        where = f"{self.war.name}: function node {node!r} on input {index + 1}"
+        at = f"{where} on input {index + 1}"
         try:
             out = entry([row], context)
         except Exception as error:
-            raise RuntimeFailure(f"{where}: {type(error).__name__}: {error}") from error
+            raise RuntimeFailure(f"{at}: {type(error).__name__}: {error}") from error
         if not isinstance(out, list) or len(out) != 1:  # the worker answers 503 for either
-            raise RuntimeFailure(f"{where}: answered {type(out).__name__ if not isinstance(out, list) else f'{len(out)} rows'}, not 1 row")
+            raise RuntimeFailure(f"{at}: answered {f'{len(out)} rows' if isinstance(out, list) else type(out).__name__}, not 1 row")
         status, _ = context.get_response_status(0)
         if status is not None and not 200 <= status < 300:
-            raise RuntimeFailure(f"{where}: answered status {status}: {str(out[0])[:200]}")
+            raise RuntimeFailure(f"{at}: answered status {status}: {str(out[0])[:200]}")
         try:
-            return as_bytes(out[0])
+            answers.append(worker_bytes(out[0]))
         except TypeError as error:  # json.dumps of what a worker cannot send either
-            raise RuntimeFailure(f"{where}: its answer cannot be sent ({error})") from error
-
-    def _inside(self):
-        if self.folder is None:
-            self.folder = Path(tempfile.mkdtemp(prefix="segserve-war-functions-"))
-            with zipfile.ZipFile(self.war) as archive:
-                archive.extractall(self.folder)  # zipfile drops absolute paths and '..' from member names
-        return _WorkingIn(self.folder)
+            raise RuntimeFailure(f"{at}: its answer cannot be sent ({error})") from error
+    return answers
 
 
-class _WorkingIn:
-    """The folder first on sys.path and as the working directory, as for a worker of its own."""
+def worker_bytes(value) -> bytes:
+    """A row's answer as its worker sends it (otf_message_handler.create_predict_response; fused_handler.as_bytes
+    where torch is loaded). torch is not imported for it, a second or more in each node's process: a function
+    that answers a tensor has imported it."""
+    if "torch" in sys.modules:
+        from segserve.fuse.fused_handler import as_bytes
 
-    def __init__(self, folder: Path):
-        self.folder = str(folder)
-
-    def __enter__(self):
-        self.cwd = os.getcwd()
-        sys.path.insert(0, self.folder)
-        os.chdir(self.folder)
-
-    def __exit__(self, *exc_info):
-        os.chdir(self.cwd)
-        sys.path.remove(self.folder)
-
-
-def _ts_version() -> str:
-    import ts
-
-    return ts.__version__
+        return as_bytes(value)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value, indent=2).encode("utf-8")
 
 
 def _metrics():
@@ -249,3 +259,16 @@ def _metrics():
     cache = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
     cache.initialize_cache()
     return cache
+
+
+def _child(request_path: str, reply_path: str) -> None:
+    request = json.loads(Path(request_path).read_text())
+    try:
+        reply = {"answers": [base64.b64encode(answer).decode() for answer in _run_node(request)]}
+    except RuntimeFailure as failure:
+        reply = {"error": str(failure)}
+    Path(reply_path).write_text(json.dumps(reply))
+
+
+if __name__ == "__main__":
+    _child(*sys.argv[1:3])

@@ -113,11 +113,11 @@ class ForeignArchive:
             members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, workflow=workflow, **remote))
         return members
 
-    def node_requests(self, inputs: list[bytes], capture) -> dict[str, list[bytes]]:
+    def node_requests(self, inputs: list[bytes], capture, env: dict[str, str] | None = None) -> dict[str, list[bytes]]:
         """What each node of the DAG is sent for these inputs of the workflow: a model node's answers from
         `capture(member name, bodies)` (its .mar registered alone), a function node's from the .war's function file
-        run here (segserve/archives/dag_requests.py)."""
-        with FunctionFile(self.path, self.name, self.functions_file or "") as functions:
+        run in a process of its own with environment `env` (segserve/archives/dag_requests.py)."""
+        with FunctionFile(self.path, self.name, self.functions_file or "", env) as functions:
 
             def answer(node: str, bodies: list[bytes]) -> list[bytes]:
                 if node in self.nodes:

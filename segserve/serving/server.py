@@ -70,6 +70,13 @@ ARCHIVE_BASE_ENV = (
 )
 
 
+def archive_environment(worker_env) -> dict[str, str]:
+    """Of this process's environment, what a user's archive's code gets (its server's workers, a .war's function
+    nodes run for `members: true`): ARCHIVE_BASE_ENV, SERVER_ENV's names and the names its suite lists."""
+    kept = {*ARCHIVE_BASE_ENV, *SERVER_ENV, *worker_env}
+    return {name: value for name, value in os.environ.items() if name in kept}
+
+
 @dataclass
 class TorchServe(ManagementClient):
     run_dir: Path
@@ -214,10 +221,7 @@ class TorchServe(ManagementClient):
         return plan
 
     def _environment(self, logs: Path) -> dict[str, str]:
-        inherited = os.environ
-        if self.worker_env is not None:
-            kept = {*ARCHIVE_BASE_ENV, *SERVER_ENV, *self.worker_env}
-            inherited = {name: value for name, value in os.environ.items() if name in kept}
+        inherited = os.environ if self.worker_env is None else archive_environment(self.worker_env)
         return {
             **SERVER_ENV,
             **inherited,

@@ -4,7 +4,6 @@ request formats a model of any input takes (raw tensors, JSON from a template, m
 import email.parser
 import io
 import json
-import sys
 import zipfile
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 import yaml
 
 from segserve.archives.catalog import Catalog
-from segserve.archives.dag_requests import FunctionFile, evaluation_order, node_requests, worker_row
+from segserve.archives.dag_requests import FunctionFile, content_type_of, evaluation_order, node_requests, worker_row
 from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
@@ -21,12 +20,10 @@ from segserve.bench.suite.spec import load_suite
 from segserve.errors import RuntimeFailure, UsageError
 from tests.conftest import ROOT
 
-# a .war's function file: what each call saw, answered as a dict (the worker sends json.dumps(indent=2)); text;
-# a tensor (torch.save); one that raises
+# a .war's function file: what each call saw (a dict: the worker sends json.dumps(indent=2)), or by its input: text,
+# a tensor (torch.save), an exception, the process gone
 FUNCTIONS = """
 import os
-
-import torch
 
 LOADS = []
 
@@ -36,23 +33,24 @@ def fn_first(data, context):
         LOADS.append(context.model_name)
         return None
     body = data[0]["body"]
+    if body in (b"text", b"tensor", b"raise", b"exit"):
+        os._exit(3) if body == b"exit" else None
+        if body == b"raise":
+            raise ValueError("not this one")
+        if body == b"text":
+            return ["some text"]
+        import torch  # only here: the node's process imports torch for nothing else
+
+        return [torch.arange(3)]
     here = os.path.samefile(os.getcwd(), context.system_properties["model_dir"])
-    seen = {"rows": len(data), "type": type(body).__name__, "size": len(body), "loads": len(LOADS)}
-    return [{**seen, "model": context.model_name, "batch_size": context.system_properties["batch_size"], "cwd_is_model_dir": here}]
-
-
-def as_text(data, context):
-    return None if data is None else [f"text of {len(data[0]['body'])}"]
-
-
-def as_tensor(data, context):
-    return None if data is None else [torch.arange(3)]
-
-
-def refuses(data, context):
-    if data is not None:
-        raise ValueError("not this one")
+    seen = {"rows": len(data), "type": type(body).__name__, "size": len(body), "loads": len(LOADS), "model": context.model_name}
+    environment = sorted(name for name in os.environ if name.startswith("SEGSERVE_TEST_"))
+    return [{**seen, "batch_size": context.system_properties["batch_size"], "cwd_is_model_dir": here, "env": environment}]
 """
+
+
+def row_of(body: bytes) -> tuple[dict, dict]:
+    return worker_row(body, content_type_of(body))
 
 
 def write_war(path, spec: dict, functions: str = "") -> None:
@@ -257,43 +255,47 @@ def test_the_dag_is_evaluated_parents_first_and_each_node_sent_what_the_workflow
     assert sent["fn_first"] == [b"x", b"yy"] and sent["model_a"] == [b"fn_first:x", b"fn_first:yy"]
     # one parent: its answer is the body; a join: one form field per parent, named after it, as TorchServe's worker
     # hands the join's handler its row inside the workflow ({parent: bytearray}, no content type)
-    row, headers = worker_row(sent["model_a"][0])
+    row, headers = row_of(sent["model_a"][0])
     assert row == {"body": bytearray(b"fn_first:x")} and type(row["body"]) is bytearray
-    row, headers = worker_row(sent["join_b"][1])
+    row, headers = row_of(sent["join_b"][1])
     assert row == {"fn_first": bytearray(b"fn_first:yy"), "model_a": bytearray(b"model_a:fn_first:yy")}
     assert all(type(value) is bytearray for value in row.values())
     assert headers == {"fn_first": {"content-type": ""}, "model_a": {"content-type": ""}}
 
 
 def test_a_worker_row_decodes_as_torchserves_worker_does():
-    assert worker_row(Body(b'{"x": 1}', "application/json"))[0] == {"body": {"x": 1}}
-    assert worker_row(Body(b"hello", "text/plain; charset=utf-8"))[0] == {"body": "hello"}
-    assert worker_row(Body(b"{oops", "application/json"))[0] == {"body": bytearray(b"{oops")}  # forwarded undecoded
-    assert worker_row(Body(b"a=1&b=", "application/x-www-form-urlencoded"))[0] == {"a": bytearray(b"1"), "b": bytearray()}
+    assert row_of(Body(b'{"x": 1}', "application/json"))[0] == {"body": {"x": 1}}
+    assert row_of(Body(b"hello", "text/plain; charset=utf-8"))[0] == {"body": "hello"}
+    assert row_of(Body(b"{oops", "application/json"))[0] == {"body": bytearray(b"{oops")}  # forwarded undecoded
+    assert row_of(Body(b"a=1&b=", "application/x-www-form-urlencoded"))[0] == {"a": bytearray(b"1"), "b": bytearray()}
     boundary = "xyz"
     form = (
         f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="a.json"\r\nContent-Type: application/json\r\n\r\n'
         f'{{"k": 2}}\r\n--{boundary}--\r\n'
     )
-    row, headers = worker_row(Body(form.encode(), f"multipart/form-data; boundary={boundary}"))
+    row, headers = row_of(Body(form.encode(), f"multipart/form-data; boundary={boundary}"))
     assert row == {"image": {"k": 2}} and headers == {"image": {"content-type": "application/json"}}  # a file part keeps its type
 
 
-def test_function_nodes_run_from_the_wars_own_file_one_row_at_a_time_encoded_as_a_worker_encodes(tmp_path):
+def test_function_nodes_run_from_the_wars_own_file_one_row_at_a_time_encoded_as_a_worker_encodes(tmp_path, monkeypatch):
     write_war(tmp_path / "wf.war", {"models": {}, "dag": {"fn_first": []}}, FUNCTIONS)
-    with FunctionFile(tmp_path / "wf.war", "wf", "handler.py") as functions:
-        first = functions.answers("fn_first", [b"abc", Body(b'{"x": 1, "y": 2}', "application/json")])
-        again = functions.answers("fn_first", [b"abcd"])
-        text, tensor = functions.answers("as_text", [b"12345"]), functions.answers("as_tensor", [b""])
-        with pytest.raises(RuntimeFailure, match=r"wf.war: function node 'refuses' on input 1: ValueError: not this one"):
-            functions.answers("refuses", [b"", b""])
-        folder, module = functions.folder, functions.module.__name__
-    seen = {"rows": 1, "type": "bytearray", "size": 3, "loads": 1, "model": "wf__fn_first", "batch_size": 1, "cwd_is_model_dir": True}
-    assert first[0] == json.dumps(seen, indent=2).encode()  # a dict: what the worker sends, byte for byte
-    assert json.loads(first[1]) == {**seen, "type": "dict", "size": 2}  # a JSON request: decoded as the worker does
-    assert json.loads(again[0])["loads"] == 1  # loaded (called with None) once, not per call
-    assert text == [b"text of 5"] and torch.equal(torch.load(io.BytesIO(tensor[0])), torch.arange(3))
-    assert not folder.exists() and module not in sys.modules  # the copy and the module go with it
+    monkeypatch.setenv("SEGSERVE_TEST_DROPPED", "a credential, say")
+    kept = {"SEGSERVE_TEST_KEPT": "1", "PATH": "/usr/bin:/bin"}
+    with FunctionFile(tmp_path / "wf.war", "wf", "handler.py", env=kept) as functions:
+        bodies = [b"abc", Body(b'{"x": 1, "y": 2}', "application/json"), b"text", b"tensor"]
+        answered = functions.answers("fn_first", bodies)
+        with pytest.raises(RuntimeFailure, match=r"^wf.war: function node 'fn_first' on input 2: ValueError: not this one$"):
+            functions.answers("fn_first", [b"abc", b"raise"])
+        with pytest.raises(RuntimeFailure, match=r"^wf.war: function node 'fn_first': its process ended with status 3 and no answer"):
+            functions.answers("fn_first", [b"exit"])
+        folder = functions.folder
+    # one process for the node (its load once), one row at a time, in the .war's folder, with the environment given
+    seen = {"rows": 1, "type": "bytearray", "size": 3, "loads": 1, "model": "wf__fn_first"}
+    seen |= {"batch_size": 1, "cwd_is_model_dir": True, "env": ["SEGSERVE_TEST_KEPT"]}
+    assert answered[0] == json.dumps(seen, indent=2).encode()  # a dict: what the worker sends, byte for byte
+    assert json.loads(answered[1]) == {**seen, "type": "dict", "size": 2}  # a JSON request: decoded as the worker does
+    assert answered[2] == b"some text" and torch.equal(torch.load(io.BytesIO(answered[3])), torch.arange(3))
+    assert not folder.exists()  # the copy goes with it
 
 
 def test_a_join_workflows_members_are_sent_what_its_dag_sends_them_each_node_answering_once(archives, monkeypatch):
@@ -314,5 +316,5 @@ def test_a_join_workflows_members_are_sent_what_its_dag_sends_them_each_node_ans
     model_a, join_b = inputs.bodies_for("j-model_a"), inputs.bodies_for("j-join_b")
     assert captured == ["j-model_a"]  # the DAG evaluated once for both members; the leaf never captured
     assert [json.loads(body)["size"] for body in model_a] == [2, len(b"not opened by segserve")]  # fn_first's answers
-    rows = [worker_row(body)[0] for body in join_b]
+    rows = [row_of(body)[0] for body in join_b]
     assert rows == [{"fn_first": bytearray(a), "model_a": bytearray(b"A" + a[-8:])} for a in model_a]

@@ -57,10 +57,14 @@ class SuiteInputs:
     @cache  # noqa: B019 (the DAG evaluated once per phase, whichever member asks first)
     def node_requests(self, workflow: str, phase: str | None = None) -> dict[str, list[bytes]]:
         """What each node of a user's .war is sent for the .war's inputs: its model nodes' answers captured by
-        registering each alone on a server (`capture`), its function nodes run here (foreign.py: node_requests)."""
+        registering each alone on a server (`capture`), its function nodes run in processes of their own with the
+        environment its workers get (foreign.py: node_requests)."""
         if self.capture is None:
             raise RuntimeFailure(f"{workflow}: its members' inputs are what its nodes answer, captured on a server (none here)")
-        return self.catalog.foreign[workflow].node_requests(self.bodies_for(workflow, phase), self.capture)
+        from segserve.serving.server import archive_environment
+
+        env = archive_environment(self.suite.archive_targets[workflow].worker_env)
+        return self.catalog.foreign[workflow].node_requests(self.bodies_for(workflow, phase), self.capture, env)
 
     def all_images(self) -> tuple[bytes, ...]:
         """Every body the suite sends, its phases' too (what its measurements depend on)."""
