@@ -64,7 +64,7 @@ def origin():
 
 
 def test_plain_http_is_refused_beyond_loopback_before_anything_is_sent(tmp_path):
-    with pytest.raises(RuntimeFailure, match=r"^http://\*\*\*@example\.com/x\.mar: plain http is allowed to loopback only"):
+    with pytest.raises(RuntimeFailure, match=r"^http://\*\*\*@example\.com/x\.mar: plain http goes to loopback only"):
         fetch("http://user:secret@example.com/x.mar", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -82,7 +82,7 @@ def test_credentials_go_to_their_own_origin_and_never_after_a_redirect_to_anothe
 
 def test_a_redirect_to_plain_http_beyond_loopback_is_refused(origin, tmp_path):
     first, _ = origin()
-    with pytest.raises(RuntimeFailure, match=r"redirected to http://example\.com/x\.mar: plain http is allowed to loopback only"):
+    with pytest.raises(RuntimeFailure, match=r"redirected to http://example\.com/x\.mar: plain http goes to loopback only"):
         fetch(f"{first}/to/http://example.com/x.mar", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
