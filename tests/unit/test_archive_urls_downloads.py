@@ -53,7 +53,7 @@ def origin():
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (Origin,), {"seen": seen}))
         if tls is not None:
             server.socket = tls.wrap_socket(server.socket, server_side=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()  # a quick shutdown
         servers.append(server)
         return f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}", seen
 
