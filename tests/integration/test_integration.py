@@ -198,8 +198,10 @@ def test_the_load_generator_over_grpc_counts_the_same_answers_as_over_http(serve
         counts[protocol] = result.status_counts()
         assert set(counts[protocol]) == {"200", "400"}, counts  # one connection: good and garbage in turn
         assert abs(counts[protocol]["200"] - counts[protocol]["400"]) <= 1
+        assert list(result.samples) == [(400, 1)] and result.samples[400, 1].startswith(b'{"error"'), result.samples  # the garbage's answer
     refused = run_load(LoadSpec(url=server.grpc_inference_url(), path="seg", bodies=[good], token="wrong", concurrency=1), 0.3)
     assert set(refused.status_counts()) == {"403"}
+    assert refused.samples[403, 0].startswith(b"PERMISSION_DENIED: "), refused.samples  # the call's code and details
 
 
 def test_every_worker_runs_with_the_servers_environment_defaults(server):

@@ -12,7 +12,8 @@ from segserve.bench.run.load import LoadResult, LoadSpec, arrival_schedule, run_
 
 
 class _Handler(BaseHTTPRequestHandler):
-    """Body b"bad" → 400, b"sleep:S" → sleep S seconds, b"chunked" → a chunked reply, b"close" → Connection: close,
+    """Body b"bad" → 400, b"sleep:S" → sleep S seconds, b"chunked" → a chunked reply (b"chunked400": a chunked 400),
+    b"close" → Connection: close,
     b"drop" → a normal keep-alive reply, then the connection is closed without notice."""
 
     protocol_version = "HTTP/1.1"  # keep-alive
@@ -35,8 +36,8 @@ class _Handler(BaseHTTPRequestHandler):
         # Leave the in-flight count before replying: once the reply is out the client may already send its next request.
         with server.lock:
             server.in_flight -= 1
-        self.send_response(400 if body == b"bad" else 200)
-        if body == b"chunked":
+        self.send_response(400 if body in (b"bad", b"chunked400") else 200)
+        if body.startswith(b"chunked"):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.wfile.write(b"2\r\nok\r\n3;ext=1\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n")
@@ -175,6 +176,15 @@ def test_error_statuses_are_counted(server):
     assert set(counts) == {"200", "400"}
     assert counts["400"] >= 1 and abs(counts["200"] - counts["400"]) <= 1
     assert result.ok == [status == 200 for status in result.status]
+
+
+def test_a_failed_request_keeps_its_input_and_the_first_answer_of_its_kind_a_success_nothing(server):
+    result = run_load(spec(server.url, [b"plain", b"chunked400", b"bad"]), duration_s=0.3)
+    failed = [(status, index) for _, status, index in result.failed]
+    assert failed == [(400, [b"plain", b"chunked400", b"bad"].index(body)) for body in server.bodies if body != b"plain"]
+    assert [end_s for end_s, _, _ in result.failed] == [end for end, s in zip(result.end_s, result.status, strict=True) if s != 200]
+    # a chunked body's chunks joined, the connection still in step for the next request (all answered)
+    assert result.samples == {(400, 1): b"okabc", (400, 2): b"ok"} and len(result.status) == len(server.bodies) >= 3
 
 
 def test_a_slow_reply_is_recorded_as_a_timeout(server):
