@@ -159,6 +159,10 @@ SMOKE: dict[str, tuple[str, str]] = {
         "test",
         "tests/system/test_foreign_archives.py::test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder",
     ),
+    "benchmarks/foreign/build_image_segmenter.py": (
+        "test",
+        "tests/system/test_image_segmenter.py::test_the_image_segmenter_archive_names_torchserves_handler_brings_no_code_and_its_suite_plans",
+    ),
     "benchmarks/peers/litserve_app.py": ("test", PEERS),
     "benchmarks/peers/triton_app.py": ("cannot", "needs .peers/triton (nvidia-pytriton and its Triton server); make test-peers runs it"),
     "benchmarks/stock_server.py": measurement("measurements.md: the stock TorchServe baseline on fixed ports"),

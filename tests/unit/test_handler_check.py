@@ -1,6 +1,7 @@
 """handler_import_failure: an archive's handler imported as TorchServe 0.12's worker imports it, in a separate
 process, and the real error reported innermost first. The handlers are written here, as an archive's files."""
 
+import importlib
 import json
 import sys
 import zipfile
@@ -139,3 +140,10 @@ def test_what_is_not_an_archive_is_left_for_torchserve_to_name(tmp_path):
     (tmp_path / "junk.mar").write_bytes(b"not a zip")
     assert archive_import_failures(tmp_path / "junk.mar", tmp_path) == []
     assert archive_import_failures(tmp_path / "absent.war", tmp_path) == []
+
+
+def test_torchserves_built_in_vision_handlers_import_in_segserves_environment():
+    # they import captum and packaging at module level, which torchserve does not depend on: setup.cfg installs them
+    # as TorchServe's docker images do (requirements/common.txt)
+    for name in ("image_classifier", "image_segmenter", "object_detector"):
+        assert importlib.import_module(f"ts.torch_handler.{name}").__name__ == f"ts.torch_handler.{name}"
