@@ -10,6 +10,7 @@ import json
 import re
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import threading
 import zipfile
@@ -130,12 +131,43 @@ def user_archives(tmp_path_factory) -> Path:
             """,
     )
     (folder / "not_a_zip.mar").write_bytes(b"this is not an archive")
-    # TorchServe's own default handler on a TorchScript model: 0.12's vision handlers import captum, which it does not
-    # install; its worker cannot start (DESIGN.md, "What users bring")
+    # TorchServe's own default handler on a TorchScript model: it loads (captum, which 0.12's vision handlers import,
+    # is in segserve's install_requires) and fails every request (raw tensors are not images)
     model = [str(BIN / "torch-model-archiver"), "--model-name", "classifier", "--version", "1.0", "--handler", "image_classifier"]
     run([*model, "--serialized-file", str(folder / "tiny.pt"), "--export-path", str(folder), "--force"])
+    # a handler that imports a module the environment lacks, which its requirements file lists (a wheel it brings)
+    wheel = tiny_wheel(folder)
+    (folder / "requirements.txt").write_text(f"./{wheel.name}\n")
+    (folder / "needsdep_handler.py").write_text(NEEDS_DEP_HANDLER)
+    needs = [str(BIN / "torch-model-archiver"), "--model-name", "needsdep", "--version", "1.0", "--extra-files", str(wheel)]
+    needs += ["--handler", str(folder / "needsdep_handler.py"), "--requirements-file", str(folder / "requirements.txt")]
+    run([*needs, "--export-path", str(folder), "--force"])
     (folder / "mask.bin").write_bytes(bytes([1, 0, 1, 1, 1]))
     return folder
+
+
+NEEDS_DEP_HANDLER = """
+import segserve_tiny_dep
+
+
+def handle(data, context):
+    return None if data is None else [segserve_tiny_dep.ANSWER for _ in data]
+"""
+
+
+def tiny_wheel(folder: Path) -> Path:
+    """segserve_tiny_dep, a pure-Python wheel written here (pip installs it with no index)."""
+    files = {
+        "segserve_tiny_dep/__init__.py": "ANSWER = 'installed'\n",
+        "segserve_tiny_dep-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: segserve-tiny-dep\nVersion: 0.1\n",
+        "segserve_tiny_dep-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files["segserve_tiny_dep-0.1.dist-info/RECORD"] = "".join(f"{name},,\n" for name in [*files, "segserve_tiny_dep-0.1.dist-info/RECORD"])
+    wheel = folder / "segserve_tiny_dep-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zipped:
+        for name, text in files.items():
+            zipped.writestr(name, text)
+    return wheel
 
 
 def workflow_archive(folder: Path, name: str, spec: str, functions: str = "") -> Path:
@@ -225,7 +257,7 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
 
 def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite_goes_on(user_archives, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(user_archives)
-    _, records = bench(
+    folder, records = bench(
         tmp_path,
         "broken",
         textwrap.dedent(
@@ -234,6 +266,8 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
               - {name: garbage, archive: not_a_zip.mar}
               - {name: classifier, archive: classifier.mar}
               - {name: tiny, archive: tiny.mar}
+              - {name: needsdep, archive: needsdep.mar}
+              - {name: installed, archive: needsdep.mar, install_requirements: true}
             inputs: [{tensor: {dtype: float32, shape: [3, 32, 32]}}]
             grid: {load: {concurrency: [2]}}
             load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 2, stability_tolerance: 0.9}
@@ -243,8 +277,27 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
     )
     rows = {r["target"]: r for r in records}
     assert rows["tiny"]["error"] is None and rows["tiny"]["requests_ok"] > 0
-    assert rows["garbage"]["error"].startswith("RuntimeFailure: registering garbage.mar as garbage failed: HTTP "), rows["garbage"]
-    assert "ModuleNotFoundError: No module named 'captum'" in rows["classifier"]["error"], rows["classifier"]["error"]
+    assert "registering garbage.mar as garbage failed: HTTP " in rows["garbage"]["error"], rows["garbage"]
+    # requests that fail: the first exception of the workers' log during the point, with its chain, before the counts
+    cause, error = rows["classifier"]["error_cause"], rows["classifier"]["error"]
+    assert cause.startswith("PIL.UnidentifiedImageError: cannot identify image file") and " ← ts/torch_handler/vision_handler.py:" in cause
+    assert error.startswith(f"RuntimeFailure: {cause}; no request completed in "), error
+    # a worker that does not load: its handler imported as TorchServe's worker imports it, then the way to ask for
+    # the requirements file that lists the missing module
+    cause, error = rows["needsdep"]["error_cause"], rows["needsdep"]["error"]
+    assert cause == (
+        "ModuleNotFoundError: No module named 'segserve_tiny_dep' ← needsdep_handler.py:2; the archive lists it in its "
+        "requirements.txt (./segserve_tiny_dep-0.1-py3-none-any.whl): add `install_requirements: true` to targets.needsdep "
+        "to install it as TorchServe's install_py_dep_per_model would"
+    )
+    assert error.startswith(f"RuntimeFailure: {cause}; registering needsdep.mar as needsdep failed: HTTP 500"), error
+    # asked for: installed where TorchServe extracted the archive (install_py_dep_per_model), and segserve's venv unchanged
+    assert rows["installed"]["error"] is None and rows["installed"]["requests_ok"] > 0, rows["installed"]
+    assert not list(Path(sysconfig.get_paths()["purelib"]).glob("segserve_tiny_dep*"))
+    assert subprocess.run([sys.executable, "-c", "import segserve_tiny_dep"], capture_output=True).returncode == 1
+    # the causes in the terminal and in report.md too
+    out, report = capsys.readouterr().out, (folder / "report.md").read_text()
+    assert f"FAILED {rows['needsdep']['error']}" in out and rows["classifier"]["error_cause"] in report
 
 
 def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(tmp_path, monkeypatch, capsys):

@@ -60,7 +60,10 @@ class TorchServeTargets(Kind):
     def deploy(self, point: Point) -> Endpoint:
         target = self.catalog.targets[point.target]
         self.ensure_server(point)
-        self.ensure_registered(point, target)
+        try:
+            self.ensure_registered(point, target)
+        except RuntimeFailure as failure:
+            raise self.asking_to_install(failure, point.target) from None
         self.ensure_workers(point, target)
         server = self.server
         grpc = server.grpc_inference_url()
@@ -78,7 +81,8 @@ class TorchServeTargets(Kind):
         worker_env = None
         if point.target in self.catalog.foreign:
             worker_env = tuple(sorted({name for spec in self.suite.archive_targets.values() for name in spec.worker_env}))
-        if self.server is not None and self.server_key == (point.server, worker_env):
+        installs = self.installs_requirements(point.target)
+        if self.server is not None and self.server_key == (point.server, worker_env, installs):
             return
         self.stop()
         params = dict(point.server)
@@ -93,6 +97,8 @@ class TorchServeTargets(Kind):
             if not shutil.which("numactl"):
                 raise UsageError("pinning 'torchserve' needs numactl: apt-get install numactl (or `make setup-numactl`)")
             overrides["cpu_launcher_enable"] = "true"
+        if installs:  # TorchServe pip-installs each archive's requirements file into its extracted folder
+            overrides["install_py_dep_per_model"] = "true"
         core_plan = Path(self.suite.core_plan) if pinning == "plan" else None
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
         config = self.catalog.config_template
@@ -103,7 +109,29 @@ class TorchServeTargets(Kind):
         )
         self.server.start(log=lambda _: None)
         self.changes["restarts"] += 1
-        self.server_key, self.registered_key, self.current_workers = (point.server, worker_env), None, {}
+        self.server_key, self.registered_key, self.current_workers = (point.server, worker_env, installs), None, {}
+
+    def requirements_key(self, name: str):
+        """The suite's archive target whose `install_requirements` applies to target `name`: its own, or a
+        member's .war's (members: true)."""
+        targets = self.suite.archive_targets
+        return targets.get(name) or next((t for t in targets.values() if t.members and name.startswith(f"{t.name}-")), None)
+
+    def installs_requirements(self, name: str) -> bool:
+        key = self.requirements_key(name)
+        return bool(key and key.install_requirements)
+
+    def asking_to_install(self, failure: RuntimeFailure, name: str) -> RuntimeFailure:
+        """A registration that failed on a module the archive's requirements file may provide, with the way to ask
+        for it after its cause (management.py puts the cause first)."""
+        key = self.requirements_key(name)
+        if key is None or key.install_requirements or not any(f.requirements_file for f in getattr(failure, "import_failures", [])):
+            return failure
+        way = f"add `install_requirements: true` to targets.{key.name} to install it as TorchServe's install_py_dep_per_model would"
+        cause = f"{failure.cause}: {way}"
+        asked = RuntimeFailure(cause + str(failure)[len(failure.cause) :])
+        asked.cause, asked.import_failures = cause, failure.import_failures
+        return asked
 
     def stop(self) -> None:
         if self.server is not None:
