@@ -68,14 +68,19 @@ def attributed(
     if not measured.failed and not outside and not any(n.get("failed") or n.get("retried") for n in by_node.values()):
         return None
     kinds = Counter((status, names[index]) for _, status, index in measured.failed)
-    samples = {}
-    for (status, index), body in measured.samples.items():  # several indices may share a name: the first sample
-        samples.setdefault((status, names[index]), body)
-    rows = [
-        {"input": name, "status": status_name(status), "count": count, "node": _named_node(samples.get((status, name), b""))}
-        | {"body": _text(samples.get((status, name), b""), status, timeout_s)}
-        for (status, name), count in kinds.most_common(SAMPLE_KINDS)
-    ]
+    samples = {(status, names[index]): body for (status, index), body in measured.samples.items()}
+    rows = []
+    for (status, name), count in kinds.most_common(SAMPLE_KINDS):
+        body = samples.get((status, name), b"")
+        rows.append(
+            {
+                "input": name,
+                "status": status_name(status),
+                "count": count,
+                "node": _named_node(body),
+                "body": _text(body, status, timeout_s),
+            }
+        )
     return {
         "by_status": dict(Counter(status_name(status) for _, status, _ in measured.failed).most_common()),
         "by_input": dict(Counter(names[index] for _, _, index in measured.failed).most_common()),
