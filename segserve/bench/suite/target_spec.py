@@ -121,13 +121,6 @@ class ArchiveTarget(Strict):
     changed. It runs the archive's own dependency list, from its package index: only for archives you trust. Its
     points get a TorchServe of their own. Unset: a worker that lacks a module the file lists fails its point,
     which says so"""
-    install_requirements: bool = False
-    """Install the requirements file the archive brings (torch-model-archiver --requirements-file; a .war's node
-    .mar files' own) as TorchServe does with install_py_dep_per_model=true: `pip install -U -t` into the folder
-    TorchServe extracts the archive to, which its workers have on their PYTHONPATH. segserve's environment is not
-    changed. It runs the archive's own dependency list, from its package index: only for archives you trust. Its
-    points get a TorchServe of their own. Unset: a worker that lacks a module the file lists fails its point,
-    which says so"""
 
     sha256: dict[str, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = {}
     """Pins of archives fetched from a URL: file name (the archive's own, a .war's node .mar) → the SHA-256 its bytes
