@@ -69,30 +69,6 @@ class Checksum:
 """
 CHECKSUM_HELPER = "def summary(labels):\n    return {'sum': sum(labels), 'mean': sum(labels) / max(len(labels), 1), 'ok': True}\n"
 
-SHOUT = """
-def handle(data, context):
-    if data is None:
-        return None
-    answers = []
-    for i, row in enumerate(data):
-        text = bytes(row["body"])
-        if text == b"bad":
-            context.set_response_status(400, "Bad Request", i)
-            answers.append({"error": "bad is not a word"})
-        else:
-            answers.append(text.upper())
-    if b"many" in [bytes(row["body"]) for row in data]:
-        answers.append(b"one too many")
-    return answers
-"""
-
-FUNCTIONS = """
-def exclaim(data, context):
-    if data is None:
-        return None
-    return [bytes(row["body"]) + b"!" for row in data]
-"""
-
 
 def run(command: list[str]) -> None:
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -118,12 +94,10 @@ def user_store(folder: Path) -> None:
     model_archive(folder, "tiny", {"tiny_handler.py": TINY}, "tiny_handler.py", folder / "tiny.pt")
     model_archive(folder, "histogram", {"handler.py": HISTOGRAM, "helper.py": HISTOGRAM_HELPER}, "handler.py")
     model_archive(folder, "checksum", {"handler.py": CHECKSUM, "helper.py": CHECKSUM_HELPER}, "handler.py")
-    model_archive(folder, "shout", {"shout.py": SHOUT}, "shout.py")
     defaults = "models:\n  batch-size: 1\n  timeout-ms: 10000\n"
     workflow_archive(folder, "chain", defaults + "  tiny: {url: tiny.mar}\n  histogram: {url: histogram.mar}\ndag:\n  tiny: [histogram]\n")
     fanout = "  tiny: {url: tiny.mar}\n  histogram: {url: histogram.mar}\n  checksum: {url: checksum.mar}\n"
     workflow_archive(folder, "fanout", defaults + fanout + "dag:\n  tiny: [histogram, checksum]\n")
-    workflow_archive(folder, "functions", defaults + "  shout: {url: shout.mar}\ndag:\n  shout: [exclaim]\n", FUNCTIONS)
     for name, handler in (("animal", shapes.ANIMAL), ("breed", shapes.BREED), ("left", shapes.LEFT), ("right", shapes.RIGHT)):
         model_archive(folder, name, {f"{name}.py": handler}, f"{name}.py")
     workflow_archive(folder, "dogbreed", shapes.DOGBREED_SPEC, shapes.DOGBREED_FUNCTIONS)
@@ -132,7 +106,7 @@ def user_store(folder: Path) -> None:
     workflow_archive(folder, "missing", defaults + "  absent: {url: absent.mar}\ndag:\n  absent: []\n")
 
 
-WORKFLOWS = ("chain", "fanout", "functions", "dogbreed", "aggregate")
+WORKFLOWS = ("chain", "fanout", "dogbreed", "aggregate")
 
 
 def digests(folder: Path) -> dict[str, str]:
@@ -141,25 +115,22 @@ def digests(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """One TorchServe serving each workflow and its fused .mar (batch size 4), and the functions workflow fused with
-    --row-errors node; `store_before`: the digests of the user's files before any fuse."""
+    """One TorchServe serving each workflow and its fused .mar (batch size 4); `store_before`: the digests of the
+    user's files before any fuse."""
     store = tmp_path_factory.mktemp("user_store")
     user_store(store)
     before = digests(store)
     for name in WORKFLOWS:
         assert main(["fuse", str(store / f"{name}.war"), "--model-store", str(store)]) == 0
-    node = ["--row-errors", "node", "--out", str(store / "fused_functions_node.mar")]
-    assert main(["fuse", str(store / "functions.war"), "--model-store", str(store), *node]) == 0
     server = TorchServe(tmp_path_factory.mktemp("ts"), store, ROOT / "config.properties", free_ports=True)
     server.store_before = before
 
     def register(name: str) -> None:
-        if name in WORKFLOWS:
-            server.register_workflow(f"{name}.war", name)
+        server.register_workflow(f"{name}.war", name)
         server.register_model(f"fused_{name}.mar", f"fused_{name}", workers=1, batch_size=4, max_batch_delay_ms=200)
 
     with server, ThreadPoolExecutor(2) as pool:  # two at a time: workers start while the other registration waits
-        list(pool.map(register, [*WORKFLOWS, "functions_node"]))
+        list(pool.map(register, WORKFLOWS))
         yield server
 
 
@@ -219,11 +190,6 @@ def test_a_fused_fan_out_answers_its_leaves_as_the_workflow_combines_them(served
     assert '"note": "histogram é"'.encode() in answers[0]  # Gson writes the leaf's \u00e9 back as UTF-8
 
 
-def test_a_fused_function_node_runs_in_place(served):
-    answers = same_answers(served, "functions", [b"hello", b"fused", b"world"])
-    assert [(r.status, r.body) for r in answers] == [(200, b"HELLO!"), (200, b"FUSED!"), (200, b"WORLD!")]
-
-
 def test_a_fused_join_with_per_batch_state_answers_text_and_json_rows_and_refusals_as_the_workflow(served):
     """pre_processing → [animal, breed], animal → [breed]: the join gets each parent's answer under its name; rows
     refused in the middle (animal) and at the leaf (breed) are answered 200 with what the next node made of them."""
@@ -243,21 +209,13 @@ def test_a_fused_fan_out_with_an_aggregating_function_and_a_function_in_the_midd
 
 
 def test_rows_a_node_fails_are_answered_as_the_workflow_answers_them_and_their_batch_mates_are_served(served):
-    """A row refused in the middle goes on; a node that answers the wrong number of rows, and one that raises, fail
-    their row with the workflow's own 500 (stock TorchServe sent each again retry-attempts times first)."""
-    answers = same_answers(served, "functions", [b"bad", b"one", b"many", b"two"])
-    assert [r.status for r in answers] == [200, 200, 500, 200] and answers[0].body == b'{\n  "error": "bad is not a word"\n}!'
-    assert answers[2].json() == {"code": 500, "type": "InternalServerException", "message": "Error executing shout"}
+    """A node answering the wrong number of rows and a node raising fail their row with the workflow's own 500 (stock
+    TorchServe sent each again retry-attempts times first); the rows beside them are served."""
+    answers = same_answers(served, "aggregate", [b"abc", b"many", b"xyz"])
+    assert [r.status for r in answers] == [200, 500, 200]
+    assert answers[1].json() == {"code": 500, "type": "InternalServerException", "message": "Error executing right"}
     answers = same_answers(served, "chain", [b"not a tensor", *tensors(3)])
     assert [r.status for r in answers] == [500, 200, 200, 200] and answers[0].json()["message"] == "Error executing tiny"
-
-
-def test_row_errors_node_stops_a_refused_or_failed_row_at_its_node_and_serves_its_batch_mates(served):
-    answers = post(served, [("/predictions/fused_functions_node", body) for body in [b"bad", b"one", b"many", b"two"]])
-    assert (answers[0].status, answers[0].body) == (400, b'{\n  "error": "bad is not a word"\n}'), answers[0].text()
-    assert (answers[2].status, answers[2].json()) == (503, {"error": "node shout answered 2 rows for a batch of 1"})
-    assert [(r.status, r.body) for r in answers[1::2]] == [(200, b"ONE!"), (200, b"TWO!")]
-    assert [(r.status, r.body) for r in post(served, [("/predictions/fused_functions_node", b"after")])] == [(200, b"AFTER!")]
 
 
 def test_a_handler_that_does_not_import_is_refused_by_name_and_the_users_files_are_never_changed(served, capsys):
@@ -268,7 +226,7 @@ def test_a_handler_that_does_not_import_is_refused_by_name_and_the_users_files_a
     assert not (store / "fused_missing.mar").exists()
     after = digests(store)
     assert {name: after.get(name) for name in served.store_before} == served.store_before
-    assert sorted(set(after) - set(served.store_before)) == sorted(f"fused_{n}.mar" for n in [*WORKFLOWS, "functions_node"])
+    assert sorted(set(after) - set(served.store_before)) == sorted(f"fused_{n}.mar" for n in WORKFLOWS)
 
 
 def test_segserves_own_workflow_fused_answers_the_workflows_jpegs_and_its_suite_plans(served, model_store, tmp_path, monkeypatch):
