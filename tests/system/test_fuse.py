@@ -3,8 +3,8 @@ that never import segserve, the workflow and its fused .mar served by one TorchS
 both, all at once so that rows batch. A chain, a fan-out (two nodes whose handler files and helper modules share
 names), function nodes first, in the middle and last, a join with per-batch state on self and mixed text and JSON
 answers (workflow_shapes.py), rows refused in the middle and at the leaf, and nodes that fail a row answer the same
-status, content type and bytes; with --row-errors node a refused row stops at its node; a handler that does not
-import is refused by fuse, naming its node, and the user's archives are never changed."""
+status, content type and bytes (--row-errors node is tested in process: tests/unit/test_fuse.py); a handler that
+does not import is refused by fuse, naming its node, and the user's archives are never changed."""
 
 import hashlib
 import struct
