@@ -2,9 +2,9 @@
 (boto3: credentials, region and endpoint the usual AWS way, `AWS_ENDPOINT_URL` included) or `https://host/path`
 (user:password in the URL is sent as basic auth, to that origin only, never after a redirect to another; plain
 `http://` to loopback only unless the target allows it). Each download is capped in size and may be pinned by its
-SHA-256 (DownloadRules); an archive is code that runs in the server (docs/benchmarking.md). The cache is one folder per URL prefix under
-`$SEGSERVE_CACHE` (default `~/.cache/segserve`)/archives, so that a .war and the node archives beside it land
-together. A URL that does not answer is a RuntimeFailure naming it with its credentials masked."""
+SHA-256 (DownloadRules): an archive is code that runs in the server (docs/benchmarking.md). The cache is one folder
+per URL prefix under `$SEGSERVE_CACHE` (default `~/.cache/segserve`)/archives, so that a .war and the node archives
+beside it land together. A URL that does not answer is a RuntimeFailure naming it with its credentials masked."""
 
 import base64
 import hashlib
