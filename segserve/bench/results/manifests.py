@@ -281,17 +281,25 @@ def write_manifests(
         (best_dir / "k8s.yaml").write_text(text)
     if served.is_workflow:
         return refused
+    kserve = inference_service(served, uri.value, resources, env, replicas, chosen.get("concurrency"))
+    archives = next(index for index, line in enumerate(lines) if line.startswith("archives: "))
+    lines[archives] += f"; upload best/kserve/config/config.properties to {uri.value}/config/"
+    return refused + write_kserve(best_dir, kserve, served, header(chosen, on, lines))
+
+
+def write_kserve(best_dir: Path, service: dict, served: Served, top: str) -> list[str]:
+    """best/kserve.yaml (the InferenceService and its NetworkPolicy) and best/kserve/config/config.properties, once
+    they pass manifest_check.py; else why not."""
+    name = service["metadata"]["name"]
     overrides = {**cluster_overrides(served, "/mnt/models/model-store", KSERVE_ADDRESS, False, False), "enable_envvars_config": "true"}
-    kserve_config = config_text(template, overrides, KSERVE_NOTE)
-    service = inference_service(served, uri.value, resources, env, replicas, chosen.get("concurrency"))
+    kserve_config = config_text(best_dir / "config.properties", overrides, KSERVE_NOTE)
     policy = pods.network_policy(name, labels(name), {"serving.kserve.io/inferenceservice": name}, [KSERVE_PORT], KSERVE_FROM)
     problems = manifest_check.inference_service_problems(service) + manifest_check.kubernetes_problems([policy])
     problems += manifest_check.config_problems(kserve_config, False)
     if problems:
-        return refused + [f"best/kserve.yaml not written: {problem}" for problem in problems]
+        return [f"best/kserve.yaml not written: {problem}" for problem in problems]
     (best_dir / "kserve" / "config").mkdir(parents=True, exist_ok=True)
     (best_dir / "kserve" / "config" / "config.properties").write_text(kserve_config)
-    lines[-1] += f"; upload best/kserve/config/config.properties to {uri.value}/config/"
     kserve_lines = [
         f"exposed: KServe's server on {KSERVE_PORT}; token authorization OFF (KServe's runtime calls TorchServe without a",
         "key), so TorchServe listens on 127.0.0.1 only, and the NetworkPolicy admits pods labelled",
@@ -301,8 +309,8 @@ def write_manifests(
         *RUNTIME_FUTURE,
     ]
     documents = yaml.dump_all([service, policy], Dumper=BlockDumper, sort_keys=False)
-    (best_dir / "kserve.yaml").write_text(header(chosen, on, lines + kserve_lines) + documents)
-    return refused
+    (best_dir / "kserve.yaml").write_text(top + "".join(f"# {line}\n" for line in kserve_lines) + documents)
+    return []
 
 
 def labels(name: str) -> dict:
