@@ -1,9 +1,9 @@
 """Why an archive's handler does not load: its import, done as TorchServe's worker does it, in a separate process.
 
 TorchServe 0.12's loader (ts/model_loader.py) imports a handler file of the archive and, on any ImportError,
-tries ts.torch_handler.<handler> instead, so its log shows only the fallback's "No module named
-'ts.torch_handler.<name>'" and the file's real error (a module the environment lacks) is lost. Importing it
-again here, the way the worker does, gives that error back with the files it came through.
+tries ts.torch_handler.<handler> instead, so its answer and the worker's last logged line have only the fallback's
+"No module named 'ts.torch_handler.<name>'", not the file's own error (a module the environment lacks). Importing
+it again here, the way the worker does, gives that error back with the files it came through.
 """
 
 import json
@@ -24,17 +24,19 @@ MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 PROBE = Path(__file__).with_name("handler_probe.py")  # run with -c: its own folder must not land on sys.path
 
 
-def handler_import_failure(model_dir: Path, handler: str, python: str = sys.executable, timeout_s: float = 60) -> str | None:
+def handler_import_failure(
+    model_dir: Path, handler: str, python: str = sys.executable, timeout_s: float = 60, env: dict[str, str] | None = None
+) -> str | None:
     """The exception chain, one line, innermost cause first ("ModuleNotFoundError: No module named 'captum' ←
-    ts/torch_handler/vision_handler.py:8 ← … ← dog_breed_handler.py:3"), of importing `handler` (the manifest's
-    handler string: "my_handler.py", "image_classifier", "file.py:fn") from the extracted archive `model_dir`
-    with `python`; None when it imports. The worker's environment as TorchServe's frontend makes it
-    (EnvironmentUtils.getEnvString): the archive folder as the working directory and on PYTHONPATH, after a
-    "dir/file.py:fn" handler's dir and the PYTHONPATH TorchServe itself was given."""
-    model_dir = Path(model_dir).resolve()
+    ts/torch_handler/vision_handler.py:11 ← ts/torch_handler/image_classifier.py:11 ← breed_handler.py:1"), of
+    importing `handler` (the manifest's handler string: "my_handler.py", "image_classifier", "file.py:fn") from the
+    extracted archive `model_dir` with `python`; None when it imports. The worker's environment as TorchServe's
+    frontend makes it (EnvironmentUtils.getEnvString) from `env` (default: this process's): the archive folder as
+    the working directory and on PYTHONPATH, after a "dir/file.py:fn" handler's dir and env's PYTHONPATH."""
+    model_dir, env = Path(model_dir).resolve(), dict(os.environ if env is None else env)
     paths = [handler.split(":")[0].rpartition("/")[0]] if ":" in handler and "/" in handler.split(":")[0] else []
-    paths += [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(model_dir)])}
+    paths += [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(model_dir)])
     try:
         done = subprocess.run(
             [python, "-c", PROBE.read_text(), handler],
@@ -72,27 +74,29 @@ class ImportFailure:
         return text
 
 
-def archive_import_failures(archive: Path, model_store: Path, python: str = sys.executable) -> list[ImportFailure]:
+def archive_import_failures(
+    archive: Path, model_store: Path, python: str = sys.executable, env: dict[str, str] | None = None
+) -> list[ImportFailure]:
     """Each handler of `archive` that does not import as TorchServe would import it: a .mar's handler; a .war's
     nodes' .mar handlers (from `model_store`, as the spec names them) and its function file, which TorchServe loads
-    as `<file>:<node>` from the extracted .war. Nothing for an archive that is not a readable zip: registering it
-    says why."""
+    as `<file>:<node>` from the extracted .war; in `env` (handler_import_failure). Nothing for an archive that is
+    not a readable zip: registering it says why."""
     try:
         if archive.suffix == ".war":
-            return _workflow_failures(archive, model_store, python)
-        failure = _model_failure(archive, python)
+            return _workflow_failures(archive, model_store, python, env)
+        failure = _model_failure(archive, python, env)
         return [failure] if failure else []
     except (OSError, zipfile.BadZipFile, KeyError, ValueError, yaml.YAMLError):
         return []
 
 
-def _model_failure(mar: Path, python: str, where: str = "") -> ImportFailure | None:
+def _model_failure(mar: Path, python: str, env: dict | None, where: str = "") -> ImportFailure | None:
     with tempfile.TemporaryDirectory(prefix="segserve-handler-") as folder:
         try:
             manifest = _extract(mar, Path(folder), "MAR-INF/MANIFEST.json")["model"]
         except (OSError, zipfile.BadZipFile, KeyError, ValueError):  # not there, or not a .mar: registering says why
             return None
-        chain = handler_import_failure(Path(folder), manifest["handler"], python)
+        chain = handler_import_failure(Path(folder), manifest["handler"], python, env=env)
         if chain is None:
             return None
         missing = MISSING_MODULE.match(chain)
@@ -101,14 +105,14 @@ def _model_failure(mar: Path, python: str, where: str = "") -> ImportFailure | N
         return ImportFailure(where, chain, requirements, listed)
 
 
-def _workflow_failures(war: Path, model_store: Path, python: str) -> list[ImportFailure]:
+def _workflow_failures(war: Path, model_store: Path, python: str, env: dict | None) -> list[ImportFailure]:
     with tempfile.TemporaryDirectory(prefix="segserve-handler-") as folder:
         workflow = _extract(war, Path(folder), "WAR-INF/MANIFEST.json")["workflow"]
         spec = yaml.safe_load((Path(folder) / workflow["specFile"]).read_text()) or {}
         models = {node: entry["url"] for node, entry in (spec.get("models") or {}).items() if node not in WORKFLOW_MODEL_KEYS}
-        failures = [_model_failure(model_store / url, python, f"node {node}") for node, url in models.items()]
+        failures = [_model_failure(model_store / url, python, env, f"node {node}") for node, url in models.items()]
         if workflow.get("handler") and set(spec.get("dag") or {}) - set(models):  # a function node runs from it
-            chain = handler_import_failure(Path(folder), workflow["handler"], python)
+            chain = handler_import_failure(Path(folder), workflow["handler"], python, env=env)
             failures.append(ImportFailure(f"function file {workflow['handler']}", chain) if chain else None)
     return [f for f in failures if f is not None]
 

@@ -36,6 +36,10 @@ class ManagementClient:
     def log_tail(self, lines: int = 40) -> str:
         raise NotImplementedError
 
+    def code_environment(self) -> dict[str, str] | None:
+        """The environment a user's archive's code gets beside this server; None: this process's whole one."""
+        return None
+
     @property
     def key_file(self) -> Path:
         return self.run_dir / "key_file.json"
@@ -152,7 +156,7 @@ class ManagementClient:
         if path is None or not path.is_file() or self.installs_requirements():
             return []
         python = str((Path(venv) / "bin" / "python").absolute()) if venv else sys.executable
-        return archive_import_failures(path, Path(store), python)
+        return archive_import_failures(path, Path(store), python, self.code_environment())
 
     def installs_requirements(self) -> bool:
         """TorchServe pip-installs each archive's requirements file when it registers it (install_py_dep_per_model)."""

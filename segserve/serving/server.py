@@ -342,6 +342,11 @@ class TorchServe(ManagementClient):
     def __exit__(self, *exc_info) -> None:
         self.stop()
 
+    def code_environment(self) -> dict[str, str] | None:
+        """The environment a user's archive's code gets beside this server (management.py imports a handler that
+        did not load in it): its workers' (worker_env); None: segserve's whole one."""
+        return None if self.worker_env is None else archive_environment(self.worker_env)
+
     def log_tail(self, lines: int = 40) -> str:
         chunks = []
         for name in ("torchserve.out", "ts_log.log", "model_log.log"):

@@ -3,6 +3,7 @@ process, and the real error reported innermost first. The handlers are written h
 
 import importlib
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -147,3 +148,11 @@ def test_torchserves_built_in_vision_handlers_import_in_segserves_environment():
     # as TorchServe's docker images do (requirements/common.txt)
     for name in ("image_classifier", "image_segmenter", "object_detector"):
         assert importlib.import_module(f"ts.torch_handler.{name}").__name__ == f"ts.torch_handler.{name}"
+
+
+def test_the_handler_is_imported_in_the_environment_it_is_given_not_segserves(tmp_path, monkeypatch):
+    # a user's archive's workers get a minimal environment (server.py archive_environment): so does its import here
+    monkeypatch.setenv("SEGSERVE_TEST_SECRET", "s3cr3t")
+    folder = archive(tmp_path, {"nosy.py": "import os\nif 'SEGSERVE_TEST_SECRET' in os.environ:\n    raise RuntimeError('saw it')\n"})
+    assert handler_import_failure(folder, "nosy.py") == "RuntimeError: saw it ← nosy.py:3"
+    assert handler_import_failure(folder, "nosy.py", env={"PATH": os.environ["PATH"]}) is None
