@@ -288,13 +288,14 @@ def test_load_over_processes_merges_their_requests_on_one_clock_and_stops_them_t
     assert len(result.status) > 20 and all(result.ok) and result.end_s == sorted(result.end_s)
     assert server.connections >= 4 and server.max_in_flight <= 4  # two processes, two connections each
     assert 0 < result.end_s[0] and result.end_s[-1] <= result.wall_s and result.client_cpu_s > 0
-    assert result.rate_rps(0.5, 1.0) > 0
+    first_s = result.end_s[0]  # a process takes up to a second to start on a busy machine
+    assert result.rate_rps(first_s, first_s + 0.2) > 0
     checks = []
     stopped = run_load_processes(
-        spec(server.url, concurrency=2), duration_s=30, processes=2, stop_early=lambda r: checks.append(len(r.status)) or len(checks) >= 2,
-        check_every_s=0.3,
+        spec(server.url, concurrency=2), duration_s=30, processes=2,
+        stop_early=lambda r: checks.append(len(r.status)) or checks[-1] > 0, check_every_s=0.3,
     )  # fmt: skip
-    assert stopped.wall_s < 10 and len(checks) == 2 and checks[-1] > 0
+    assert stopped.wall_s < 10 and checks[-1] > 0 and checks[:-1] == [0] * (len(checks) - 1)  # stopped at the first True
     assert live_pids() == set()  # every load process joined
     open_loop = split(spec(server.url, concurrency=5, request_rate_rps=100.0), 2)
     assert [(s.concurrency, s.request_rate_rps, s.seed) for s in open_loop] == [(3, 50.0, 0), (2, 50.0, 1)]
