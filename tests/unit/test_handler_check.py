@@ -75,6 +75,16 @@ def test_a_handler_that_kills_its_process_is_reported_with_the_exit_code(tmp_pat
     assert handler_import_failure(folder, "dies.py", python=sys.executable) == "importing handler dies.py ended with exit code 3: bye"
 
 
+def test_a_torchserve_module_the_handler_imports_is_named_from_ts_and_the_missing_module_first(tmp_path):
+    # cheap: ts/utils/util.py imports yaml first thing; an archive file named yaml.py that fails stands in for an
+    # environment without it
+    missing = "raise ModuleNotFoundError(\"No module named 'yaml'\", name='yaml')\n"
+    folder = archive(tmp_path, {"yaml.py": missing, "h.py": "from ts.utils.util import list_classes_from_module\n"})
+    failure = handler_import_failure(folder, "h.py")
+    assert failure == "ModuleNotFoundError: No module named 'yaml' ← yaml.py:1 ← ts/utils/util.py:14 ← h.py:1"
+
+
+@pytest.mark.long  # torch, torchvision and TorchServe's vision handlers imported in a child process: seconds, more when busy
 def test_torchserves_own_handler_failing_under_an_archive_file_reports_the_module_it_lacks(tmp_path):
     # the dog-breed example's shape: the archive's handler subclasses a TorchServe vision handler, whose
     # module imports captum
