@@ -185,6 +185,7 @@ RULES = {  # a change to a restricted pod → the problem it must raise
     "token": (lambda pod, c: pod.pop("automountServiceAccountToken"), "automountServiceAccountToken"),
     "management port": (lambda pod, c: c.setdefault("ports", []).append({"name": "management", "containerPort": 8081}), "management"),
     "image": (lambda pod, c: c.update(image="torchserve; rm -rf /"), "image 'torchserve; rm -rf /'"),
+    "subPath": (lambda pod, c: c["volumeMounts"][0].update(subPath="../other"), "subPath '../other': must stay inside its volume"),
 }
 
 

@@ -131,6 +131,10 @@ def _container_problems(where: str, container: dict, pod: dict) -> list[str]:
             problems.append(f"resources.{kind}: no {' or '.join(missing)}")
     if not IMAGE.match(container.get("image") or ""):
         problems.append(f"image {container.get('image')!r}: must be repo:tag or repo@sha256:<digest>")
+    for mount in container.get("volumeMounts") or []:  # a pvc:// path becomes one
+        sub_path = mount.get("subPath", "")
+        if sub_path.startswith("/") or ".." in sub_path.split("/"):
+            problems.append(f"volumeMounts {mount.get('name')}: subPath {sub_path!r}: must stay inside its volume (no '..', not absolute)")
     ports = container.get("ports") or []
     if ({port.get("name") for port in ports} | {port.get("containerPort") for port in ports}) & MANAGEMENT_PORTS:
         problems.append("ports: must not list the management API's (it listens on 127.0.0.1)")

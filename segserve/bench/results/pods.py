@@ -146,7 +146,8 @@ def k8s_objects(name: str, labels: dict, config: str, served, uri: str, resource
         volumes.append({"name": "model-store", "emptyDir": {}})
         volumes.append({"name": "aws-credentials", "secret": {"secretName": "aws-credentials", "optional": True}})
         pod["initContainers"] = [copy_archives(uri, store)]
-    template = {"metadata": {"labels": labels, "annotations": {"prometheus.io/port": str(PORTS["metrics"])}}, "spec": pod}
+    scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORTS["metrics"])}  # the NetworkPolicy says who may
+    template = {"metadata": {"labels": labels, "annotations": scrape}, "spec": pod}
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
