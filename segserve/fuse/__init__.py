@@ -26,17 +26,17 @@ def default_out(workflow: Workflow, model_store: Path) -> Path:
 
 def write_contents(workflow: Workflow, folder: Path, row_errors: str) -> None:
     """What the fused .mar holds beside its handler, written into `folder`: the plan, each model node's archive
-    extracted under nodes/<node>/, the .war's function file under workflow/."""
+    extracted under nodes/<node>/, the .war (its function file and what it brings) under workflow/."""
     folders = {}
     for node, archive in workflow.archives.items():
         folders[node] = f"nodes/{node}"
         with zipfile.ZipFile(archive) as mar:
             mar.extractall(folder / folders[node])  # zipfile keeps every member inside the folder
     functions_file = None
-    if workflow.functions_file:
-        functions_file = f"workflow/{Path(workflow.functions_file).name}"
-        (folder / "workflow").mkdir(parents=True)
-        (folder / functions_file).write_bytes(workflow.functions_source)
+    if workflow.functions_file:  # the whole .war: a function node runs in its folder (ModelManager.registerModel)
+        functions_file = f"workflow/{workflow.functions_file}"
+        with zipfile.ZipFile(workflow.path) as war:
+            war.extractall(folder / "workflow")
     folder.mkdir(parents=True, exist_ok=True)
     (folder / PLAN_FILE).write_text(json.dumps(workflow.plan(folders, functions_file, row_errors), indent=2))
 
@@ -51,7 +51,8 @@ def check_imports(workflow: Workflow, folder: Path) -> None:
         handlers[node] = (folder / "nodes" / node, manifest["model"]["handler"])
     functions = [node for node in workflow.order if node not in workflow.archives]
     if functions:  # one import of the file is enough: the functions are checked by name in read_workflow
-        handlers[functions[0]] = (folder / "workflow", f"{Path(workflow.functions_file).name}:{functions[0]}")
+        path = folder / "workflow" / workflow.functions_file
+        handlers[functions[0]] = (path.parent, f"{path.name}:{functions[0]}")
     with ThreadPoolExecutor(len(handlers)) as pool:
         failures = dict(zip(handlers, pool.map(lambda h: handler_import_failure(*h), handlers.values()), strict=True))
     for node in workflow.order:

@@ -85,6 +85,8 @@ def read_workflow(war: Path, model_store: Path) -> Workflow:
             continue
         archives[node] = _node_archive(where, node, entry.get("url"), model_store)
     functions = handler if len(archives) < len(order) else None
+    if functions:
+        safe_relative_name(functions, f"{where}: its handler file")  # it becomes a path in the fused .mar
     name = str(manifest.get("workflowName") or war.stem)
     retries = _retry_attempts(where, models, order)
     return Workflow(war, name, parents, order, archives, retries, functions, functions_source)
