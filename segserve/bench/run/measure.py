@@ -53,7 +53,7 @@ def measure(
     fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more).
     prune(window rates so far) → True: the point is hopeless (a search's pruner): stop measuring it, `pruned`."""
     concurrency, rate_rps = params.get("concurrency", load.max_connections), params.get("request_rate_rps")
-    spec = _load_spec(endpoint, load, bodies, concurrency, rate_rps, _protocol(params, bodies))
+    spec = _load_spec(endpoint, load, bodies, concurrency, rate_rps, params.get("protocol"))
     window_s, warmup_s = load.window_s, load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
     ours = endpoint.metrics_url is not None
     # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
@@ -83,7 +83,6 @@ def measure(
     measured = result.windows(chosen.used)
     used_rates = _rates(result, chosen.used)  # the windows the numbers come from
     return {
-        **protocol_of(bodies),
         **_windowed_throughput_columns(measured, used_rates),
         "failures": attributed(measured, input_names(bodies), result, mark, load.timeout_s),
         **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
@@ -230,7 +229,6 @@ def measure_phases(
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
     return {
-        **protocol_of([body for bodies in bodies_by_phase.values() for body in bodies]),
         **_counted_columns(everything),  # every phase's requests
         "failures": merged([phase["failures"] for phase in phases]),
         "phases": phases,
@@ -253,7 +251,7 @@ def _phase_spec(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: li
     if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
         rate = params.get("request_rate_rps")
     concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
-    return _load_spec(endpoint, load, bodies, concurrency, rate, _protocol(params, bodies))
+    return _load_spec(endpoint, load, bodies, concurrency, rate, params.get("protocol"))
 
 
 def _run_phases(load: LoadSettings, spec, logs: Path | None = None) -> tuple[list[dict], LoadResult]:
@@ -306,30 +304,11 @@ def _counted_columns(result: LoadResult) -> dict:
     }
 
 
-def protocol_of(bodies: list[bytes]) -> dict:
-    """The protocol a point's bodies choose, and why, for its record: named inputs (a join member's,
-    inputs.named_inputs) go over gRPC whatever the suite's protocol; {} for the others (the point's load.protocol)."""
-    if any(getattr(body, "parts", None) for body in bodies):
-        return {"protocol": "grpc", "protocol_reason": NAMED_INPUTS_REASON}
-    return {}
-
-
-def _protocol(params: dict, bodies: list[bytes]) -> str | None:
-    return protocol_of(bodies).get("protocol", params.get("protocol"))
-
-
-# Measured on TorchServe 0.12 (docs/benchmarking.md, members): a 1.15 MB join row as two form fields cost the frontend
-# 39-41 CPU-ms a request, as one octet-stream body 4.0; over gRPC the row comes as the workflow hands it on
-NAMED_INPUTS_REASON = "named inputs (a join's parents' answers): over gRPC one input each, the join's row in the workflow, no multipart"
-
-
 def _load_spec(
     endpoint: Endpoint, load: LoadSettings, bodies: list[bytes], concurrency: int, rate_rps: float | None, protocol: str | None = None
 ) -> LoadSpec:
     url, path = endpoint.url, endpoint.path
     if protocol == "grpc":  # TorchServe's gRPC inference API serves models by name, not workflows or other servers
-        if endpoint.grpc_url is None and endpoint.metrics_url is not None and path.startswith(MODEL_PATH):
-            raise RuntimeFailure(f"{url}{path} is measured over gRPC and its TorchServe has none: remove enable_grpc=false from its config")
         if endpoint.grpc_url is None or not path.startswith(MODEL_PATH):
             raise RuntimeFailure(f"load.protocol grpc: TorchServe's gRPC inference API serves models, not {url}{path}; use http here")
         url, path = endpoint.grpc_url, path.removeprefix(MODEL_PATH)
