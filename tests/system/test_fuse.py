@@ -197,7 +197,8 @@ def test_a_fused_join_with_per_batch_state_answers_text_and_json_rows_and_refusa
     answers = same_answers(served, "dogbreed", bodies)
     assert {r.status for r in answers} == {200} and {r.content_type for r in answers} == {"application/json"}
     dog = answers[0].json()
-    assert dog["parents"] == ["pre_processing", "animal"] and dog["request_length"] == str(len(bodies[0])), dog
+    assert dog["parents"] == ["pre_processing", "animal"], dog
+    assert dog["headers"] == {"request_length": str(len(bodies[0])), "animal": {"content-type": ""}}, dog
     assert answers[1].body == b"It's not a dog: cat"
     assert answers[2].json() == {"error": f"breed {answers[2].json()['error'].split()[1]} unknown"}  # the leaf's refusal
     assert answers[3].body == b'It\'s not a dog: {\n  "error": "not an animal"\n}'  # the middle's refusal, handed on

@@ -84,7 +84,8 @@ class DogBreed:
                 answers.append({"error": f"breed {breed} unknown"})
             else:
                 length = self.context.get_request_header(i, "Content-Length")  # as the client spelled it
-                answers.append({"breed": breed, "parents": self.parents[i], "request_length": length})
+                headers = {"request_length": length, "animal": self.context.get_request_header(i, "animal")}
+                answers.append({"breed": breed, "parents": self.parents[i], "headers": headers})
         return answers
 '''
 
