@@ -306,10 +306,11 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
     root = Path(__file__).resolve().parents[2]
     run([sys.executable, str(root / "benchmarks" / "foreign" / "build.py"), str(tmp_path / "archives")])
     built = {p.name for p in (tmp_path / "archives").iterdir()}
-    assert {"seg.mar", "jpeg.mar", "seed.war", "lookup.mar", "lookup.war", "image_0.bin", "logits_0.bin"} <= built
+    assert {"seg.mar", "jpeg.mar", "seed.war", "lookup.mar", "lookup.war", "overlay.mar", "seed_join.war", "image_0.bin"} <= built
     monkeypatch.chdir(tmp_path / "archives")
     assert main(["fuse", "seed.war", "--model-store", ".", "--out", "seed_one.mar"]) == 0  # what seed_fused.yaml measures
     assert main(["fuse", "lookup.war", "--model-store", ".", "--out", "lookup_one.mar"]) == 0  # and lookup_fused.yaml
+    assert main(["fuse", "seed_join.war", "--model-store", ".", "--out", "seed_join_one.mar"]) == 0  # a join: seed_join.yaml
     counts = {}
     for suite in sorted((root / "benchmarks" / "foreign").glob("*.yaml")):
         if suite.stem == "image_segmenter":  # its archive is build_image_segmenter.py's: tests/system/test_image_segmenter.py
@@ -325,6 +326,7 @@ def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(t
         "seed_goal_batch": 16,
         "seed_goal_threads": 16,
         "seed_grid": 48,
+        "seed_join": 16,  # the workflow, its two model members (seg, and overlay, the join) and the fused .mar
         "seed_members": 16,
         "seed_search": 48,
         "seed_search_auto": 96,
