@@ -2,7 +2,7 @@
 
 Shipped inside the fused .mar as its handler, so it imports nothing of segserve: only the standard library and what
 TorchServe provides. The archive holds fused_workflow.json (the DAG, written by segserve fuse), each model node's
-archive extracted under nodes/<node>/, and the workflow's function file under workflow/.
+archive extracted under nodes/<node>/, and the .war (its function file) extracted under workflow/.
 
 Each node is loaded as a TorchServe worker loads a model (ts/model_loader.py): its own Context, its handler module
 imported from its own folder, a `handle` function or the module's one class. Between nodes each row's output is
@@ -247,7 +247,7 @@ class FusedWorkflow:
         self.nodes: dict[str, Node] = {}
         for name in self.order:
             node = plan["nodes"][name]
-            # a row of the node mode goes on to its batch-mates' end at least once (the mode's promise)
+            # the node mode promises that a failed batch's other rows are served: each is sent again alone at least once
             retries = max(1, node["retry_attempts"]) if self.stop_at_node else node["retry_attempts"]
             try:
                 if node["kind"] == "model":

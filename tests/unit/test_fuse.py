@@ -247,11 +247,11 @@ class Breed:
 """
 
 
-def fused_model(tmp_path: Path, row_errors: str):
+def fused_model(tmp_path: Path, row_errors: str, retry_attempts: int = 2):
     """The fused handler loaded as a worker loads it, on what `segserve fuse` puts beside it (no archiver)."""
     mar(tmp_path, "classify", CLASSIFY)
     mar(tmp_path, "breed", BREED)
-    spec = "models:\n  retry-attempts: 2\n  classify: {url: classify.mar}\n  breed: {url: breed.mar}\n"
+    spec = f"models:\n  retry-attempts: {retry_attempts}\n  classify: {{url: classify.mar}}\n  breed: {{url: breed.mar}}\n"
     spec += "dag:\n  pre: [classify, breed]\n  classify: [breed]\n"
     workflow = fuse.read_workflow(war(tmp_path, spec, PRE), tmp_path)
     fuse.write_contents(workflow, tmp_path / "fused", row_errors)
@@ -289,6 +289,12 @@ def test_a_row_a_node_fails_is_sent_again_alone_and_then_answered_as_the_workflo
     assert answers == [(500, "application/json", error), (200, "application/json", b"It's a cat!")]
     # the batch, then each row alone: the failing one retry-attempts (2) times, as the frontend sends it again
     assert classify.TRIES == [[b"raise", b"cat"], [b"raise"], [b"raise"], [b"cat"]]
+
+
+def test_with_no_retry_attempts_a_failed_batch_fails_every_row_of_it_as_stocks_does(tmp_path):
+    context, classify = fused_model(tmp_path, "workflow", retry_attempts=0)
+    assert [status for status, _, _ in answer(context, [b"raise", b"cat"])] == [500, 500]
+    assert classify.TRIES == [[b"raise", b"cat"]]
 
 
 def test_row_errors_node_stops_a_refused_or_failed_row_at_its_node_and_serves_its_batch_mates(tmp_path):
