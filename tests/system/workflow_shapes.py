@@ -17,8 +17,8 @@ models:
   max-workers: 1
   batch-size: 4
   max-batch-delay: 100
-  # TorchServe 0.12 can drop a node's answer under load (docs/serving.md): asked again after 5 s, not 10
-  timeout-ms: 5000
+  # TorchServe 0.12 drops a fast node's answer now and then (docs/torchserve_workflows.md): asked again after 2 s
+  timeout-ms: 2000
   retry-attempts: 2
   animal: {url: animal.mar}
   breed: {url: breed.mar}
@@ -95,8 +95,8 @@ models:
   max-workers: 1
   batch-size: 4
   max-batch-delay: 100
-  # TorchServe 0.12 can drop a node's answer under load (docs/serving.md): asked again after 5 s, not 10
-  timeout-ms: 5000
+  # TorchServe 0.12 drops a fast node's answer now and then (docs/torchserve_workflows.md): asked again after 2 s
+  timeout-ms: 2000
   retry-attempts: 2
   left: {url: left.mar}
   right: {url: right.mar, batch-size: 1}
