@@ -121,17 +121,17 @@ def served(tmp_path_factory):
     store = tmp_path_factory.mktemp("user_store")
     user_store(store)
     before = digests(store)
-    for name in WORKFLOWS:
-        assert main(["fuse", str(store / f"{name}.war"), "--model-store", str(store)]) == 0
     server = TorchServe(tmp_path_factory.mktemp("ts"), store, ROOT / "config.properties", free_ports=True)
     server.store_before = before
-
-    def register(name: str) -> None:
-        server.register_workflow(f"{name}.war", name)
-        server.register_model(f"fused_{name}.mar", f"fused_{name}", workers=1, batch_size=4, max_batch_delay_ms=200)
-
-    with server, ThreadPoolExecutor(2) as pool:  # two at a time: workers start while the other registration waits
-        list(pool.map(register, WORKFLOWS))
+    with server, ThreadPoolExecutor(4) as pool:
+        # the workflows' workers start while this thread fuses; each fused .mar is registered once it is written
+        registered = [pool.submit(server.register_workflow, f"{name}.war", name) for name in WORKFLOWS]
+        for name in WORKFLOWS:
+            assert main(["fuse", str(store / f"{name}.war"), "--model-store", str(store)]) == 0
+            fused = {"workers": 1, "batch_size": 4, "max_batch_delay_ms": 200}
+            registered.append(pool.submit(server.register_model, f"fused_{name}.mar", f"fused_{name}", **fused))
+        for registration in registered:
+            registration.result()
         yield server
 
 
