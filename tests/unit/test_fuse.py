@@ -324,3 +324,9 @@ def test_a_handler_that_does_not_import_is_refused_naming_its_node_before_anythi
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: {message}") and "segserve_test_absent_module" in err and err.count("\n") == 1, err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_node_url_with_a_folder_is_its_file_name_in_the_model_store_as_torchserve_reads_it(tmp_path):
+    mar(tmp_path, "a")
+    workflow = fuse.read_workflow(war(tmp_path, "models:\n  a: {url: some/folder/a.mar}\ndag:\n  a: []\n"), tmp_path)
+    assert workflow.archives == {"a": tmp_path / "a.mar"}
