@@ -87,6 +87,9 @@ def fuse(war: Path, model_store: Path, out: Path | None = None, log=print, row_e
         command = [tool("torch-model-archiver"), "--model-name", out.stem, "--version", "1.0", "--handler", handler]
         run_tool([*command, "--extra-files", str(extra), "--export-path", str(export)], log=log)
         out.parent.mkdir(parents=True, exist_ok=True)
+        replaced = out.exists()
         shutil.move(export / f"{out.stem}.mar", out)
     log(f"wrote {out}: {len(workflow.order)} nodes of {war.name} ({', '.join(workflow.order)}) in one model {out.stem}")
+    if replaced:  # a TorchServe that registered the old file keeps serving it: say so rather than replace it silently
+        log(f"note: {out.name} replaced the file of that name; a server that registered it serves the old one until it registers it again")
     return out
