@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from segserve import ROOT
 from segserve.archives.archive_urls import masked_text
 from segserve.archives.catalog import Catalog
 from segserve.bench.results.analysis import Pipeline, analyse
@@ -251,7 +252,7 @@ def _strategy(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
 def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
     """The points measured, each record handed to the sinks as it comes: (records, runner, sinks, environment)."""
     suite, catalog, points, parts = run.suite, run.catalog, prepared.points, prepared.parts
-    env_info = environment(catalog.root)
+    env_info = environment(ROOT)  # segserve's own checkout: the code that measured, wherever the suite runs from
     strategy = _strategy(run, prepared, out_dir, log)
     done = read_runs(out_dir)
     kept = [done[p.run_id] for p in points if p.run_id in done and not done[p.run_id].get("error")]
