@@ -53,7 +53,7 @@ def measure(
     fresh_workers: the deployment has just started the workers (warm up for fresh_workers_warmup_s more).
     prune(window rates so far) → True: the point is hopeless (a search's pruner): stop measuring it, `pruned`."""
     concurrency, rate_rps = params.get("concurrency", load.max_connections), params.get("request_rate_rps")
-    spec = _load_spec(endpoint, load, bodies, concurrency, rate_rps, params.get("protocol"))
+    spec = _load_spec(endpoint, load, bodies, concurrency, rate_rps, _protocol(params, bodies))
     window_s, warmup_s = load.window_s, load.warmup_s + (load.fresh_workers_warmup_s if fresh_workers else 0.0)
     ours = endpoint.metrics_url is not None
     # Others' CPU can only be told apart from the server's when the server's processes are known (ours).
@@ -83,9 +83,10 @@ def measure(
     measured = result.windows(chosen.used)
     used_rates = _rates(result, chosen.used)  # the windows the numbers come from
     return {
+        **protocol_of(bodies),
         **_windowed_throughput_columns(measured, used_rates),
         "failures": attributed(measured, input_names(bodies), result, mark, load.timeout_s),
-        **(_server_columns(endpoint, before, after, len(result.status)) if ours else {}),
+        **(_server_columns(endpoint, before, after, len(result.status), spec.url) if ours else {}),
         **_client_columns(result, load.client_processes),
         **_window_columns(result, windows, chosen, used_rates, settled.pruned),
         "warmup_s": warmup_s,
@@ -229,10 +230,11 @@ def measure_phases(
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
     return {
+        **protocol_of([body for bodies in bodies_by_phase.values() for body in bodies]),
         **_counted_columns(everything),  # every phase's requests
         "failures": merged([phase["failures"] for phase in phases]),
         "phases": phases,
-        **(_server_columns(endpoint, before, after, len(everything.status)) if ours else {}),
+        **(_server_columns(endpoint, before, after, len(everything.status), spec(load.phases[0]).url) if ours else {}),
         **_client_columns(everything, load.client_processes),
         "stable": None,  # phases are measured as they come, not until they settle
         "pruned": False,
@@ -251,7 +253,7 @@ def _phase_spec(endpoint: Endpoint, load: LoadSettings, params: dict, bodies: li
     if phase.concurrency is None and phase.request_rate_rps is None:  # the point's own load
         rate = params.get("request_rate_rps")
     concurrency = phase.concurrency or (load.max_connections if rate else params.get("concurrency", load.max_connections))
-    return _load_spec(endpoint, load, bodies, concurrency, rate, params.get("protocol"))
+    return _load_spec(endpoint, load, bodies, concurrency, rate, _protocol(params, bodies))
 
 
 def _run_phases(load: LoadSettings, spec, logs: Path | None = None) -> tuple[list[dict], LoadResult]:
@@ -304,11 +306,30 @@ def _counted_columns(result: LoadResult) -> dict:
     }
 
 
+def protocol_of(bodies: list[bytes]) -> dict:
+    """The protocol a point's bodies choose, and why, for its record: named inputs (a join member's,
+    inputs.named_inputs) go over gRPC whatever the suite's protocol; {} for the others (the point's load.protocol)."""
+    if any(getattr(body, "parts", None) for body in bodies):
+        return {"protocol": "grpc", "protocol_reason": NAMED_INPUTS_REASON}
+    return {}
+
+
+def _protocol(params: dict, bodies: list[bytes]) -> str | None:
+    return protocol_of(bodies).get("protocol", params.get("protocol"))
+
+
+# Measured on TorchServe 0.12 (docs/benchmarking.md, members): a 1.15 MB join row as two form fields cost the frontend
+# 39-41 CPU-ms a request, as one octet-stream body 4.0; over gRPC the row comes as the workflow hands it on
+NAMED_INPUTS_REASON = "named inputs (a join's parents' answers): over gRPC one input each, the join's row in the workflow, no multipart"
+
+
 def _load_spec(
     endpoint: Endpoint, load: LoadSettings, bodies: list[bytes], concurrency: int, rate_rps: float | None, protocol: str | None = None
 ) -> LoadSpec:
     url, path = endpoint.url, endpoint.path
     if protocol == "grpc":  # TorchServe's gRPC inference API serves models by name, not workflows or other servers
+        if endpoint.grpc_url is None and endpoint.metrics_url is not None and path.startswith(MODEL_PATH):
+            raise RuntimeFailure(f"{url}{path} is measured over gRPC and its TorchServe has none: remove enable_grpc=false from its config")
         if endpoint.grpc_url is None or not path.startswith(MODEL_PATH):
             raise RuntimeFailure(f"load.protocol grpc: TorchServe's gRPC inference API serves models, not {url}{path}; use http here")
         url, path = endpoint.grpc_url, path.removeprefix(MODEL_PATH)
@@ -325,10 +346,13 @@ def _load_spec(
     )
 
 
-def _server_columns(endpoint: Endpoint, before: dict, after: dict, requests: int) -> dict:
-    """TorchServe's per-request means and the handlers' stages between two scrapes (an endpoint of ours)."""
+def _server_columns(endpoint: Endpoint, before: dict, after: dict, requests: int, url: str) -> dict:
+    """TorchServe's per-request means and the handlers' stages between two scrapes (an endpoint of ours). Over gRPC
+    (`url`) the means are unknown, not 0: TorchServe 0.12's GRPCJob counts neither ts_queue_latency_microseconds nor
+    ts_inference_latency_microseconds (RestJob does)."""
     models = list(endpoint.models)
-    return {**per_request_ms(before, after, models, requests), **stage_columns(handler_stages(before, after, models))}
+    means = per_request_ms(before, after, models, 0 if url.startswith("grpc:") else requests)
+    return {**means, **stage_columns(handler_stages(before, after, models))}
 
 
 def _client_columns(result, processes: int = 1) -> dict:
