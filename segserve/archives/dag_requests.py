@@ -5,8 +5,10 @@ TorchServe 0.12's DagExecutor (frontend/server/src/main/java/org/pytorch/serve/e
 start node the workflow's request and every other node a request made of its parents' answers (their bytes only:
 status and content type are dropped): a node with one parent gets a parameter `body`, a join one parameter per
 parent, named after the parent. None has a content type, so the worker hands each to the handler as a bytearray
-(ts/protocol/otf_message_handler.py). Over HTTP the same row comes from a multipart/form-data body of one part per
-parent without a file name (inputs.form_data). A function node runs in a worker of its own, at batch size 1, with the
+(ts/protocol/otf_message_handler.py). A join member gets the same row from TorchServe's gRPC API, one entry of the
+request's input map per parent (inputs.named_inputs, grpc_load.request_bytes): over HTTP it would come from a
+multipart/form-data body, which 0.12's frontend decodes at ten times the CPU the workflow spends on the row
+(docs/benchmarking.md, members). A function node runs in a worker of its own, at batch size 1, with the
 .war's folder as its model folder (ModelManager.registerModel); here it runs in a Python process of its own from the
 .war's own function file, one row at a time, its answer encoded as a worker encodes it.
 """
@@ -80,12 +82,12 @@ def node_requests(dag: dict, inputs: list[bytes], answer: Callable[[str, list[by
 
 def request_of(parent_answers: dict[str, bytes]) -> bytes:
     """The body that gives a handler the row a workflow hands it: one parent's answer as the body itself, a join's
-    answers as one form field per parent (the frontend makes each a parameter without a content type)."""
+    answers as named inputs, one per parent (each a parameter without a content type, sent over gRPC)."""
     if len(parent_answers) == 1:
         return bytes(next(iter(parent_answers.values())))  # as octet-stream: the worker's bytearray, as in the DAG
-    from segserve.bench.run.inputs import form_data
+    from segserve.bench.run.inputs import named_inputs
 
-    return form_data([(parent, bytes(answer)) for parent, answer in parent_answers.items()])
+    return named_inputs({parent: bytes(answer) for parent, answer in parent_answers.items()})
 
 
 def worker_row(body: bytes, content_type: str) -> tuple[dict, dict]:

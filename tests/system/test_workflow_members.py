@@ -1,7 +1,7 @@
 """`members: true` on a workflow of TorchServe's dog-breed shape (a function node first, a join below it), built here
 with the official archivers from handlers that never import segserve: each model node measured alone on what the
-workflow sends it, the join's handler given the same row alone as inside the workflow, and the efficiency table
-filled."""
+workflow sends it, the join's handler given the same row alone (over TorchServe's gRPC API, one input per parent) as
+inside the workflow, and the efficiency table filled."""
 
 import json
 import re
@@ -89,6 +89,9 @@ def test_a_join_workflows_members_are_measured_on_what_the_workflow_sends_them(t
     # the model nodes are the members, each measured alone; the function node is not one
     assert sorted(outcomes) == ["dog", "dog-join_b", "dog-model_a"], outcomes
     assert all(error is None and ok > 0 and failed == 0 for error, ok, failed in outcomes.values()), outcomes
+    # the join's member over TorchServe's gRPC API (one input per parent, no multipart), the others as the suite says
+    protocols = {r["target"]: (r.get("protocol"), bool(r.get("protocol_reason"))) for r in rows}
+    assert protocols == {"dog": (None, False), "dog-model_a": (None, False), "dog-join_b": ("grpc", True)}, protocols
     assert "captured what dog-model_a answers to its 3 input(s)" in capsys.readouterr().out
     # join_b alone was handed, for each input, the very row the workflow hands it: fn_first's and model_a's bytes as
     # bytearrays under their names, with the same (empty) content types

@@ -58,9 +58,13 @@ def inference_messages():
 
 
 def request_bytes(model: str, body: bytes) -> bytes:
-    """One serialised PredictionsRequest for `model` (name, or name/version) carrying `body`."""
+    """One serialised PredictionsRequest for `model` (name, or name/version) carrying `body` as its input "data", or
+    a body of named inputs (load.Body.parts) as one input each. TorchServe makes each input a parameter named by its
+    key without a content type (grpcimpl/InferenceImpl.java), which the worker hands over as a bytearray: the row
+    {parent: bytearray, ...} a workflow's DagExecutor hands a join, with no multipart body for the frontend to decode."""
     name, _, version = model.partition("/")
-    return inference_messages().PredictionsRequest(model_name=name, model_version=version, input={INPUT_KEY: body}).SerializeToString()
+    inputs = getattr(body, "parts", None) or {INPUT_KEY: body}
+    return inference_messages().PredictionsRequest(model_name=name, model_version=version, input=inputs).SerializeToString()
 
 
 class GrpcConnection:

@@ -1,5 +1,5 @@
 """Request bodies for each target: image files, any files, raw tensors, JSON from a template, multipart
-form data of named parts, and class maps for the jpeg member."""
+form data of named parts, a join's named inputs, and class maps for the jpeg member."""
 
 import glob
 import hashlib
@@ -92,6 +92,13 @@ def form_data(contents: list[tuple[str, bytes]]) -> Body:
         lines += f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n'.encode()
         lines += b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n"
     return Body(lines + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}")
+
+
+def named_inputs(contents: dict[str, bytes]) -> Body:
+    """A row of named inputs (a join's parents' answers): sent over gRPC, an input each (Body.parts); its bytes the same
+    row as multipart/form-data (what a function node run here decodes, dag_requests.worker_row)."""
+    form = form_data(list(contents.items()))
+    return Body(form, form.content_type, parts=dict(contents))
 
 
 def class_maps(bodies: list[bytes], weights: Path, seg_config_path: Path) -> list[bytes]:

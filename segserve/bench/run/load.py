@@ -32,15 +32,17 @@ SAMPLE_BYTES = 300  # of the first answer of each kind of failure: enough for an
 class Body(bytes):
     """A request body that is sent with its own Content-Type (JSON, multipart), and may carry its input's name (a
     file's: failed requests are counted by it); plain bytes go as the spec's content_type, counted by their index.
+    `parts`: named inputs (a join's parents' answers, inputs.named_inputs), which go over gRPC, one entry of the
+    request's input map each (grpc_load.request_bytes); the bytes are then the same row as multipart/form-data.
     Here, not in inputs.py: a load process unpickles it without importing torch."""
 
-    def __new__(cls, data: bytes, content_type: str, name: str | None = None):
+    def __new__(cls, data: bytes, content_type: str, name: str | None = None, parts: dict[str, bytes] | None = None):
         body = super().__new__(cls, data)
-        body.content_type, body.name = content_type, name
+        body.content_type, body.name, body.parts = content_type, name, parts
         return body
 
     def __reduce__(self):  # to a load process (spawn): bytes' own pickling would call __new__ without content_type
-        return Body, (bytes(self), self.content_type, self.name)
+        return Body, (bytes(self), self.content_type, self.name, self.parts)
 
 
 @dataclass
