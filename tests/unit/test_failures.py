@@ -3,13 +3,14 @@ that answers 200, 400, 503 or nothing by input; by node from TorchServe's own lo
 
 import threading
 import time
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from segserve.bench.results.report import _failures_section
-from segserve.bench.run.failures import TIMED_OUT, LogMark, attributed, failure_line, input_names, merged, node_failures
+from segserve.bench.run.failures import LOG_TIME, TIMED_OUT, LogMark, attributed, failure_line, input_names, merged, node_failures
 from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.load import SAMPLE_BYTES, LoadResult, LoadSpec, run_load
 from segserve.bench.suite.input_spec import InputSpec
@@ -142,10 +143,13 @@ def test_a_window_keeps_its_own_failures_and_their_samples():
 
 def test_the_frontend_log_names_the_node_that_failed_how_often_and_why():
     nodes = node_failures(TS_LOG, MODEL_LOG)
-    assert nodes["first"] == {"invoked": 5, "retried": 0, "failed": 0, "causes": {}}
+    assert nodes["first"] == {"invoked": 5, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}}
     flaky = nodes["flaky"]
     # 5 requests reached flaky, three failed after one retry each: boom (raised) and two that waited past timeout-ms
-    assert (flaky["invoked"], flaky["retried"], flaky["failed"]) == (8, 3, 3)
+    assert (flaky["invoked"], flaky["retried"], flaky["timed_out"], flaky["failed"]) == (8, 3, 2, 3)
+    # the two timeouts' retries, in seconds after the first line's time (06:18:59,617): the hang and the last request
+    first = datetime.strptime(TS_LOG.split(" ", 1)[0], LOG_TIME).timestamp()
+    assert node_failures(TS_LOG, epoch_s=first)["flaky"]["timed_out_at_s"] == [1.544, 4.564]
     assert flaky["causes"] == {"org.pytorch.serve.http.InternalServerException: Prediction failed": 1, TIMED_OUT: 2}
     assert flaky["worker_errors"] == 2 and flaky["worker_error"] == "ValueError: flaky cannot take boom"
 
@@ -204,7 +208,7 @@ def test_the_report_has_one_row_per_kind_with_its_sample_and_one_per_failing_nod
         in text
     )
     assert "| wf-1 | b.jpg | timeout | – | 1 | (no answer within 30 s) |" in text
-    assert "| wf-1 | flaky | 8 | 3 | 3 |" in text and "ValueError: flaky cannot take boom" in text
+    assert "| wf-1 | flaky | 8 | 3 | 2 | 3 |" in text and "ValueError: flaky cannot take boom" in text
     assert "| wf-1 | first |" not in text  # invoked, never failed
     assert _failures_section([{"run_id": "ok-1", "failures": None}]) == []
 

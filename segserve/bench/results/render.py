@@ -70,6 +70,8 @@ def status(record: dict, winner: dict | None, constraints: dict) -> str:
         return "★ best"
     if record.get("valid") is False and not record.get("error"):
         return "✗ invalid (accuracy)"
+    if record.get("stalled"):  # never feasible (columns.satisfies), whatever its constraints say
+        return f"✗ stalled {record.get('stalled_s') or 0:.0f} s"
     broken = [tag for tag, bounds in constraints.items() if not satisfies(record, {tag: bounds})]
     return "✗ violates " + ", ".join(broken) if broken else "ok"
 

@@ -255,8 +255,9 @@ def _by_param_section(params: list[str]) -> list[str]:
 
 
 def _failures_section(records: list[dict]) -> list[str]:
-    """Every failed request of the points, by kind (input × status) with a sample answer; then the nodes that
-    TorchServe's frontend log says failed or were retried. Nothing when no request failed."""
+    """The points that stalled, and why; every failed request of the points, by kind (input × status) with a sample
+    answer; then the nodes that TorchServe's frontend log says failed or were retried. Nothing when none did."""
+    stalls = [f"- `{r.get('run_id')}`: {cell(r['stall_cause'])}" for r in records if r.get("stall_cause")]
     kinds = [
         {
             "point": r.get("run_id"),
@@ -267,7 +268,7 @@ def _failures_section(records: list[dict]) -> list[str]:
         for row in (r.get("failures") or {}).get("samples", [])
     ]
     nodes = [
-        {"point": r.get("run_id"), "node": node, **{k: counts.get(k) for k in ("invoked", "retried", "failed")}}
+        {"point": r.get("run_id"), "node": node, **{k: counts.get(k) for k in ("invoked", "retried", "timed_out", "failed")}}
         | {"cause": "; ".join(f"{cause} ({n})" for cause, n in counts.get("causes", {}).items()) or None}
         | {"worker error": counts.get("worker_error")}
         for r in records
@@ -279,9 +280,17 @@ def _failures_section(records: list[dict]) -> list[str]:
         for r in records
         if (r.get("failures") or {}).get("outside_windows")
     ]
-    if not kinds and not nodes and not outside:
+    if not kinds and not nodes and not outside and not stalls:
         return []
     lines = ["", "## Failed requests", ""]
+    if stalls:
+        lines += [
+            "Stalls: stretches of the load (warm-up included) in which requests waited and none completed, for longer "
+            "than 2 windows, 5 s and 4× the median request; a stalled point is never feasible.",
+            "",
+            *stalls,
+            "",
+        ]
     if kinds:
         lines += [
             "Each point's failed requests in its measured windows (they add up to `requests_failed`), by input and status, "
@@ -295,9 +304,10 @@ def _failures_section(records: list[dict]) -> list[str]:
             "",
             "What TorchServe's frontend log (ts_log.log, DagExecutor) says of each node over the whole load, warm-up "
             "included: invocations (retries included), retries (logged as `Timed out while executing` whatever failed), "
-            "requests failed at the node and why, and the last exception of its workers (model_log.log).",
+            "of those `timed_out`: the node's timeout-ms passed with no error (a lost answer or a slow node), requests "
+            "failed at the node and why, and the last exception of its workers (model_log.log).",
             "",
-            render_table(nodes, ["point", "node", "invoked", "retried", "failed", "cause", "worker error"]),
+            render_table(nodes, ["point", "node", "invoked", "retried", "timed_out", "failed", "cause", "worker error"]),
         ]
     if outside:
         lines += ["", f"Failed outside the measured windows (warm-up, discarded windows): {', '.join(outside)}."]
@@ -320,6 +330,7 @@ def _flags_section(records: list[dict]) -> list[str]:
         if r.get("bare_disturbed")
     ]
     saturated = [f"`{r.get('run_id')}`" for r in records if r.get("client_saturated") is True]
+    stalled = [f"`{r.get('run_id')}` ({cell(r.get('stalled_s'))} s)" for r in records if r.get("stalled")]
     return [
         "",
         "## Flags",
@@ -330,4 +341,6 @@ def _flags_section(records: list[dict]) -> list[str]:
         "- Bare forward disturbed (others took more than `max_others_share` in too many of its slices, measured again "
         f"up to `max_windows` more; its served ÷ bare ratio is printed as uncertain): {', '.join(bare_disturbed) or 'none'}",
         f"- Load generator saturated (its numbers understate the server): {', '.join(saturated) or 'none'}",
+        "- Stalled (requests waited and none completed: the server's own doing, not others'; windows a stall emptied "
+        f"do not count as disturbed; see *Failed requests*): {', '.join(stalled) or 'none'}",
     ]

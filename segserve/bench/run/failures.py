@@ -10,7 +10,9 @@ carry no request id, so node counts are over the whole load (warm-up included) a
 """
 
 import re
+import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 from segserve.bench.run.load import TIMEOUT, LoadResult, status_name
@@ -22,6 +24,11 @@ _DAG = r"org\.pytorch\.serve\.ensemble\.DagExecutor - "
 INVOKED = re.compile(_DAG + r"Invoking -  (\S+) for attempt \d+$")
 # logged before every retry, whatever failed: TorchServe's wording, not always a timeout
 RETRIED = re.compile(_DAG + r"Timed out while executing (\S+) for attempt \d+$")
+# a DagExecutor line's time and thread: a retry after a bare "null" on the same thread is a timeout-ms that passed
+# (a TimeoutException has no message; an exception logs its own), the wait a lost answer costs (docs/torchserve_workflows.md)
+DAG_LINE = re.compile(r"^(\S+) \[\w+ *\] (\S+) " + _DAG + r"(.*)$")
+LOG_TIME = "%Y-%m-%dT%H:%M:%S,%f"  # TorchServe's log4j2.xml: 2026-12-05T06:23:12,253, the machine's local time
+TIMED_OUT_TIMES = 50  # of a node's timeouts, the times kept (a storm would fill the record)
 CAUSE = re.compile(_DAG + r"(\S+) : (.*)$")  # after the last attempt: the node and its exception's message
 FAILED = re.compile(_DAG + r".*Failed to execute workflow Node after \d+ attempts : Error executing (\S+)$")
 NAMED_NODE = re.compile(rb"Error executing ([\w.-]+)")  # a workflow's 500 body
@@ -44,6 +51,7 @@ class LogMark:
     def __init__(self, logs: Path):
         self.logs = logs
         self.sizes = {name: _size(logs / name) for name in LOG_FILES}
+        self.epoch_s = time.time()  # the load starts right after: log times are told against it
 
     def added(self, name: str) -> str:
         """What was written to logs/<name> since the mark (all of it when it rotated meanwhile)."""
@@ -63,7 +71,7 @@ def attributed(
     """The `failures` of a point: its measured requests' failures by status and input, a sample answer of each kind,
     the failures of the rest of the load (`whole`: warm-up, discarded windows) by status, and the nodes TorchServe's
     logs name (since `mark`). None when nothing failed anywhere."""
-    by_node = node_failures(mark.added("ts_log.log"), mark.added("model_log.log")) if mark else {}
+    by_node = node_failures(mark.added("ts_log.log"), mark.added("model_log.log"), mark.epoch_s) if mark else {}
     outside = Counter(status_name(s) for _, s, _ in whole.failed) - Counter(status_name(s) for _, s, _ in measured.failed) if whole else {}
     if not measured.failed and not outside and not any(n.get("failed") or n.get("retried") for n in by_node.values()):
         return None
@@ -101,25 +109,37 @@ def _text(body: bytes, status: int, timeout_s: float) -> str:
     return body.decode(errors="backslashreplace")
 
 
-def node_failures(ts_log: str, model_log: str = "") -> dict[str, dict]:
-    """Per node (a workflow's node; a model's own name otherwise): how often the frontend invoked it, retried it,
+def node_failures(ts_log: str, model_log: str = "", epoch_s: float = 0.0) -> dict[str, dict]:
+    """Per node (a workflow's node; a model's own name otherwise): how often the frontend invoked it, retried it
+    (`timed_out`: of those, after its timeout-ms passed with no error, at `timed_out_at_s`: seconds after epoch_s),
     failed a request at it and why, and the exception its workers last raised, from the log lines given."""
     nodes: dict[str, dict] = {}
+    last_error: dict[str, str | None] = {}  # per frontend thread, the DagExecutor's last error line since an invocation
 
     def entry(node: str) -> dict:
-        return nodes.setdefault(node, {"invoked": 0, "retried": 0, "failed": 0, "causes": {}})
+        return nodes.setdefault(node, {"invoked": 0, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}})
 
     for line in ts_log.splitlines():
+        dag = DAG_LINE.match(line)
         if found := INVOKED.search(line):
             entry(found.group(1))["invoked"] += 1
+            last_error[dag.group(2) if dag else ""] = None
         elif found := RETRIED.search(line):
-            entry(found.group(1))["retried"] += 1
+            node = entry(found.group(1))
+            node["retried"] += 1
+            if dag and last_error.get(dag.group(2)) == "null":
+                node["timed_out"] += 1
+                times = node.setdefault("timed_out_at_s", [])
+                if len(times) < TIMED_OUT_TIMES:
+                    times.append(round(_log_epoch_s(dag.group(1)) - epoch_s, 3))
         elif found := FAILED.search(line):
             entry(found.group(1))["failed"] += 1
         elif found := CAUSE.search(line):
             causes = entry(found.group(1))["causes"]
             cause = TIMED_OUT if found.group(2) == "null" else found.group(2)
             causes[cause] = causes.get(cause, 0) + 1
+        elif dag:
+            last_error[dag.group(2)] = dag.group(3)
     failing = None  # the model whose traceback is being read
     for line in model_log.splitlines():
         if not (found := WORKER.search(line)):
@@ -135,6 +155,10 @@ def node_failures(ts_log: str, model_log: str = "") -> dict[str, dict]:
     return nodes
 
 
+def _log_epoch_s(stamp: str) -> float:
+    return datetime.strptime(stamp, LOG_TIME).timestamp()
+
+
 def merged(parts: list[dict | None]) -> dict | None:
     """One `failures` of several (a point's rounds or load phases): counts added, the first sample of each kind."""
     parts = [part for part in parts if part]
@@ -146,8 +170,9 @@ def merged(parts: list[dict | None]) -> dict | None:
         for key in ("by_status", "by_input", "outside_windows"):
             total[key].update(part.get(key) or {})
         for node, counts in (part.get("by_node") or {}).items():
-            into = total["by_node"].setdefault(node, {"invoked": 0, "retried": 0, "failed": 0, "causes": {}})
-            for key in ("invoked", "retried", "failed", "worker_errors"):
+            # a load's own times (timed_out_at_s) are not summed: each part's clock starts with it
+            into = total["by_node"].setdefault(node, {"invoked": 0, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}})
+            for key in ("invoked", "retried", "timed_out", "failed", "worker_errors"):
                 if key in counts:
                     into[key] = into.get(key, 0) + counts[key]
             into["causes"] = dict(Counter(into["causes"]) + Counter(counts.get("causes") or {}))
@@ -163,16 +188,24 @@ def merged(parts: list[dict | None]) -> dict | None:
 
 
 def failure_line(run_id: str, failures: dict | None) -> str | None:
-    """One terminal line for a point whose requests failed: how many, and the top input, status and node."""
+    """One terminal line for a point whose requests failed: how many, and the top input, status and node; or, where
+    none failed, for one whose workflow executor waited a node's timeout-ms (its requests were slow by as much)."""
+    by_node = (failures or {}).get("by_node") or {}
+    waited = {node: counts["timed_out"] for node, counts in by_node.items() if counts.get("timed_out")}
+    if waited:
+        node = max(waited, key=waited.get)
+        waited_text = f"node {node} (its timeout-ms passed {waited[node]}× in the frontend's log: a lost answer or a slow node)"
     if not failures or not failures.get("by_status"):
-        return None
+        return f"  {run_id}: none failed, but {waited_text}" if waited else None
     count = sum(failures["by_status"].values())
     status, input_name = (next(iter(failures[key].items())) for key in ("by_status", "by_input"))
     line = f"  {run_id}: {count} request(s) failed; most by status {status[0]} ({status[1]}), input {input_name[0]} ({input_name[1]})"
-    nodes = {node: counts["failed"] for node, counts in failures.get("by_node", {}).items() if counts.get("failed")}
+    nodes = {node: counts["failed"] for node, counts in by_node.items() if counts.get("failed")}
     if nodes:
         node = max(nodes, key=nodes.get)
-        causes = failures["by_node"][node].get("causes") or {}
+        causes = by_node[node].get("causes") or {}
         cause = f": {max(causes, key=causes.get)}" if causes else ""
         line += f", node {node} ({nodes[node]} failed in the frontend's log{cause})"
+    elif waited:  # timeouts, and a node's timeout-ms passed: the workflow executor waited on it
+        line += f", {waited_text}"
     return line

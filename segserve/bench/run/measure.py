@@ -7,13 +7,14 @@ endpoint segserve did not deploy (no metrics URL) is measured by the same code.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from segserve.bench.results.stats import latency_summary, mean_interval, spread, stable_tail
 from segserve.bench.run.failures import LogMark, attributed, input_names, merged
 from segserve.bench.run.load import LoadResult, LoadSpec
 from segserve.bench.run.load_processes import live_pids, run_load_processes
+from segserve.bench.run.stalls import explained, find_stalls, stall_columns
 from segserve.bench.suite.spec import LoadSettings
 from segserve.errors import RuntimeFailure
 from segserve.machine.disturbance import DisturbanceSampler
@@ -79,7 +80,11 @@ def measure(
         gpu.stop()
     server_usage = sampler.stop() if sampler else {}
     after = scrape(endpoint.metrics_url) if ours else {}
+    # the windows end where the load stopped sending: the requests still awaited after it (a stall's) fill none
+    windows = replace(windows, until_s=settled.stopped_s or warmup_s + budget_windows * window_s)
     chosen = _choose_windows(result, windows, load, settled.pruned)
+    stalls = find_stalls(result, window_s, concurrency, rate_rps)  # the server's own: not others' disturbance
+    chosen = explained(chosen, stalls)
     measured = result.windows(chosen.used)
     used_rates = _rates(result, chosen.used)  # the windows the numbers come from
     return {
@@ -96,6 +101,7 @@ def measure(
         **cpu_ms_per_request(sampler.between(chosen.used) if sampler else {}, len(measured.status)),
         **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(result.status), "_whole_run"),
         **gpu.columns(chosen.used),
+        **stall_columns(stalls),
     }
 
 
@@ -107,9 +113,10 @@ class _Windows:
     warmup_s: float
     max_others_share: float
     disturbance: DisturbanceSampler | None  # None: others' use unknown
+    until_s: float = float("inf")  # when the load stopped sending, once it has
 
     def edges(self, result: LoadResult) -> list[tuple[float, float]]:
-        done = int((max(result.end_s, default=0.0) - self.warmup_s) // self.window_s)
+        done = int((min(max(result.end_s, default=0.0), self.until_s) - self.warmup_s) // self.window_s)
         return [(self.warmup_s + k * self.window_s, self.warmup_s + (k + 1) * self.window_s) for k in range(max(done, 0))]
 
     def others_share(self, span: tuple[float, float]) -> float | None:
@@ -131,14 +138,18 @@ class _Settled:
     def __init__(self, windows: _Windows, load: LoadSettings, prune):
         self.windows, self.load, self.prune = windows, load, prune
         self.pruned = False
+        self.stopped_s: float | None = None  # when it said stop (seconds of the load)
 
     def __call__(self, result: LoadResult) -> bool:
         spans = self.windows.clean(result)
         so_far = _rates(result, spans)
         if self.prune is not None and so_far and self.prune(so_far):
             self.pruned = True
+        stable = stable_tail(so_far, self.load.stable_windows, self.load.stability_tolerance)
+        if self.pruned or stable or len(spans) >= self.load.max_windows:
+            self.stopped_s = result.wall_s
             return True
-        return stable_tail(so_far, self.load.stable_windows, self.load.stability_tolerance) or len(spans) >= self.load.max_windows
+        return False
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from segserve.bench.run.bare_forward import bare_device, bare_shape, run_accurac
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.failures import failure_line, merged
 from segserve.bench.run.measure import measure, measure_phases
+from segserve.bench.run.stalls import stall_cause
 from segserve.bench.search import Strategy
 from segserve.bench.suite.columns import Record
 from segserve.bench.suite.plan import Point, settings_for
@@ -105,6 +106,7 @@ class Runner:
             slices += self.bare_slices(point, node)
             if metrics["requests_failed"] and server is not None:  # why they failed: the workers' first exception
                 cause = server.worker_exception(log_mark, wait_s=1.0)
+            metrics["stall_cause"] = stall_cause(metrics.get("stalls"), metrics.get("failures"), self.suite.load.timeout_s)
             if not metrics["requests_ok"]:  # kept with its counts, but 0 req/s would read as a slow point
                 error = no_request_completed(metrics, cause)
                 metrics["throughput_rps"] = None
@@ -260,7 +262,8 @@ def no_request_completed(metrics: dict, cause: str | None = None) -> str:
     failed = metrics["requests_failed"]
     statuses = ", ".join(f"{status}: {count}" for status, count in sorted(metrics["failures_by_status"].items()))
     what = f"{failed} failed ({statuses})" if failed else "none answered"
-    first = f"{cause}; " if cause else ""
+    # a stall that emptied the windows says why none completed there (the requests before it were answered)
+    first = "".join(f"{reason}; " for reason in (cause, metrics.get("stall_cause")) if reason)
     return f"RuntimeFailure: {first}no request completed in {metrics['duration_s']:.1f} s of measured load: {what}"
 
 
@@ -327,10 +330,12 @@ def combine_rounds(rounds: list[dict]) -> dict:
     for key in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_mean_ms"):
         values = [r[key] for r in rounds if r.get(key) is not None]
         record[key] = statistics.median(values) if values else None
-    for flag in ("disturbed", "bare_disturbed", "suspect", "client_saturated"):
+    for flag in ("disturbed", "bare_disturbed", "suspect", "client_saturated", "stalled"):
         values = [r.get(flag) for r in rounds]  # None in every round: not watched (an http target), not clean
         record[flag] = None if all(v is None for v in values) else any(values)
     record["stable"] = all(r.get("stable") is not False for r in rounds)
+    record["stalled_s"] = sum(r.get("stalled_s") or 0 for r in rounds)
+    record["stall_cause"] = "; ".join(r["stall_cause"] for r in rounds if r.get("stall_cause")) or None
     record["others_cpu_pct"] = max((r["others_cpu_pct"] for r in rounds if r.get("others_cpu_pct") is not None), default=None)
     if any(r.get("bare_slices_ips") for r in rounds):
         entries = [{"slices_ips": r.get("bare_slices_ips") or [], "disturbed": r.get("bare_disturbed")} for r in rounds]
@@ -411,6 +416,8 @@ class Progress:
                 outcome += f", pruned after {record['windows']} window(s) (hopeless)"
             if record.get("windows_discarded"):
                 outcome += f", {record['windows_discarded']} disturbed window(s) measured again"
+            if record.get("stall_cause"):  # the server's own: a drop it explains is not others' doing
+                outcome += f", STALLED ({record['stall_cause']})"
             if record.get("disturbed"):
                 outcome += f", DISTURBED (others took {record.get('others_cpu_pct') or 0:.0f}% of the machine)"
             if record.get("bare_disturbed"):

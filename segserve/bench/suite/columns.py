@@ -30,6 +30,7 @@ METRICS = {
         Metric("latency_max_ms", "ms", False, "slowest successful request"),
         Metric("requests_ok", "requests", True, "successful requests measured"),
         Metric("requests_failed", "requests", False, "failed requests measured (any non-2xx status, timeout, connection error)"),
+        Metric("stalled_s", "s", False, "load time (warm-up included) in which requests waited and none completed (bench/run/stalls.py)"),
         Metric("server_queue_ms", "ms", False, "mean time a request waited in TorchServe's queue (Prometheus)"),
         Metric("server_inference_ms", "ms", False, "mean time from dequeue to response in the frontend (Prometheus)"),
         Metric("client_cpu_pct", "% of one core", False, "load generator CPU use during measurement"),
@@ -136,6 +137,8 @@ EXTRA_COLUMNS = [
     "pruned",
     "windows",
     "disturbed",
+    "stalled",
+    "stalled_s",
     "others_cpu_pct",
     "server_cpu_pct",
     "server_rss_mb",
@@ -179,13 +182,15 @@ EXTRA_COLUMNS = [
     "invalid_reason",
     "error",
     "error_cause",  # the root cause of a failed point or of its failed requests (the workers' first exception)
+    "stall_cause",  # how long the point stalled and the node whose timeout-ms TorchServe waited (bench/run/stalls.py)
 ]
 
 
 def satisfies(record: dict, constraints: dict[str, dict[str, float]]) -> bool:
-    """True when every constrained metric is present and within {min, max}; failed runs and invalid points (an
-    optimisation that failed the accuracy gate) never satisfy."""
-    if record.get("error") or record.get("valid") is False:
+    """True when every constrained metric is present and within {min, max}; failed runs, invalid points (an
+    optimisation that failed the accuracy gate) and stalled ones (requests waited with none answered: the rate is
+    not what the configuration serves) never satisfy."""
+    if record.get("error") or record.get("valid") is False or record.get("stalled"):
         return False
     for tag, bounds in constraints.items():
         value = record.get(tag)
