@@ -10,7 +10,9 @@ request's input map per parent (inputs.named_inputs, grpc_load.request_bytes): o
 multipart/form-data body, which 0.12's frontend decodes at ten times the CPU the workflow spends on the row
 (docs/benchmarking.md, members). A function node runs in a worker of its own, at batch size 1, with the
 .war's folder as its model folder (ModelManager.registerModel); here it runs in a Python process of its own from the
-.war's own function file, one row at a time, its answer encoded as a worker encodes it.
+.war's own function file, one row at a time, its answer encoded as a worker encodes it. A row a node refuses (a
+status its handler set) goes on as its body, as the DagExecutor hands it on; a row a node fails (Failed: the worker
+failed it) goes no further, so only that node's descendants are fed without it.
 """
 
 import ast
@@ -26,6 +28,7 @@ import tempfile
 import uuid
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
 
@@ -65,19 +68,71 @@ def evaluation_order(dag: dict, where: str) -> list[str]:
     return order
 
 
-def node_requests(dag: dict, inputs: list[bytes], answer: Callable[[str, list[bytes]], list[bytes]]) -> dict[str, list[bytes]]:
-    """What each node is sent for each of the workflow's inputs, in evaluation order: the start node the inputs,
-    every other node its parents' answers (request_of). `answer(node, bodies)` gives a node's answer to each body;
-    it is asked only of nodes with children, parents first, each once."""
-    parents, sent, answers = parents_of(dag), {}, {}
+@dataclass(frozen=True)
+class Failed:
+    """A row a node failed: TorchServe's own error for it (the worker failed the row's batch: its handler raised,
+    answered another number of rows; a function node's exception), not an answer its handler gave, whatever status
+    that set. Inside the workflow such a row goes no further (DagExecutor sends it again, then answers 500 "Error
+    executing <node>"), so the node's descendants never get it; a row a handler refuses with a status goes on as
+    its body (RestJob completes the promise with the body: docs/fuse.md). `node` and `name` (the workflow input's,
+    failures.input_names) are set by node_requests."""
+
+    reason: str  # "answered 503: Prediction failed (ValueError: ... ← handler.py:9)"
+    node: str = ""
+    name: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.node} {self.reason}"
+
+
+def node_requests(dag: dict, inputs: list[bytes], answer: Callable[[str, list[bytes]], list]) -> dict[str, list]:
+    """What each node is sent for each of the workflow's inputs, in evaluation order, named after the input
+    (Body.name): the start node the inputs, every other node its parents' answers (request_of), or, for a row a
+    node above it failed, that Failed (the row never reaches it). `answer(node, bodies)` gives a node's answer to
+    each body (bytes, or Failed); it is asked only of nodes with children, parents first, each once, for the rows
+    that reach it. A node that fails as a whole (`answer` raises RuntimeFailure: its archive does not load) fails
+    every row it is sent: only its descendants lose them, its siblings and ancestors are fed."""
+    from segserve.bench.run.failures import input_names
+
+    parents, sent, answers, names = parents_of(dag), {}, {}, input_names(inputs)
     for node in evaluation_order(dag, "dag"):
         above = parents[node]
-        sent[node] = list(inputs) if not above else [request_of({p: answers[p][i] for p in above}) for i in range(len(inputs))]
-        if dag.get(node):
-            answers[node] = answer(node, sent[node])
-            if len(answers[node]) != len(inputs):
-                raise RuntimeFailure(f"node {node} gave {len(answers[node])} answers to {len(inputs)} inputs")
+        rows = []
+        for i, name in enumerate(names):
+            failed = next((answers[p][i] for p in above if isinstance(answers[p][i], Failed)), None)
+            row = failed or (inputs[i] if not above else request_of({p: answers[p][i] for p in above}))
+            rows.append(row if failed else _named(row, name))
+        sent[node] = rows
+        if not dag.get(node):
+            continue
+        reached = [i for i, row in enumerate(rows) if not isinstance(row, Failed)]
+        try:
+            given = answer(node, [rows[i] for i in reached]) if reached else []
+        except RuntimeFailure as failure:
+            # its first line is the reason (management.py: a log tail follows), with the root cause first where known
+            given = [Failed(f"failed: {(str(failure).splitlines() or [''])[0]}")] * len(reached)
+        if len(given) != len(reached):
+            raise RuntimeFailure(f"node {node} gave {len(given)} answers to {len(reached)} inputs")
+        answers[node] = list(rows)  # a row that never reached it stays its ancestor's Failed
+        for i, given_row in zip(reached, given, strict=True):
+            answers[node][i] = Failed(given_row.reason, node, names[i]) if isinstance(given_row, Failed) else given_row
     return sent
+
+
+def left_out(rows: list) -> str | None:
+    """The inputs a node's rows leave out, by reason: "07_gray.jpg, 12_x.jpg (cat_dog answered 503: ...)"."""
+    by_reason: dict[str, list[str]] = {}
+    for row in rows:
+        if isinstance(row, Failed):
+            by_reason.setdefault(str(row), []).append(row.name)
+    return "; ".join(f"{', '.join(names)} ({reason})" for reason, names in by_reason.items()) or None
+
+
+def _named(body: bytes, name: str) -> bytes:
+    """The body under the workflow input's name, so that a member's failed requests name the input too."""
+    from segserve.bench.run.load import Body
+
+    return Body(bytes(body), content_type_of(body), name, getattr(body, "parts", None))
 
 
 def request_of(parent_answers: dict[str, bytes]) -> bytes:
@@ -159,8 +214,9 @@ class FunctionFile:
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    def answers(self, node: str, bodies: list[bytes]) -> list[bytes]:
-        """Function node `node`'s answer to each body, encoded as its worker sends it to the frontend."""
+    def answers(self, node: str, bodies: list[bytes]) -> list:
+        """Function node `node`'s answer to each body, encoded as its worker sends it to the frontend, or Failed
+        where its worker would fail the row (an exception, not one row back, an answer it cannot send)."""
         if self.folder is None:
             self.folder = Path(tempfile.mkdtemp(prefix="segserve-war-functions-"))
             with zipfile.ZipFile(self.war) as archive:
@@ -182,7 +238,7 @@ class FunctionFile:
         answered = json.loads(reply.read_text())
         if "error" in answered:
             raise RuntimeFailure(answered["error"])
-        return [base64.b64decode(answer) for answer in answered["answers"]]
+        return [Failed(answer["failed"]) if "failed" in answer else base64.b64decode(answer["answer"]) for answer in answered["answers"]]
 
 
 FUNCTION_NODE_TIMEOUT_S = 900  # for all of a node's inputs, its load included
@@ -193,8 +249,10 @@ def content_type_of(body: bytes) -> str:
     return getattr(body, "content_type", None) or "application/octet-stream"
 
 
-def _run_node(request: dict) -> list[bytes]:
-    """In the child: function node request["node"] of the .war's function file, on each body, as its worker runs it."""
+def _run_node(request: dict) -> list[dict]:
+    """In the child: function node request["node"] of the .war's function file, on each body, as its worker runs it:
+    for each row {"answer": base64} or {"failed": why its worker would fail it (ts/service.py's 503)}. A status the
+    function sets for a row is dropped, as the workflow drops it: its answer goes on."""
     import ts
     from ts.context import Context, RequestProcessor
 
@@ -215,26 +273,24 @@ def _run_node(request: dict) -> list[bytes]:
     except Exception as error:
         raise RuntimeFailure(f"{where} ({request['functions_file']}) does not load: {type(error).__name__}: {error}") from error
     answers = []
-    for index, (data, content_type) in enumerate(request["bodies"]):
+    for data, content_type in request["bodies"]:
         row, headers = worker_row(base64.b64decode(data), content_type)
         # what ts/service.py's predict sets before each call
         context.request_ids = {0: str(uuid.uuid4())}
         context.request_processor = [RequestProcessor(headers)]
         context.metrics.request_ids = context.request_ids
-        at = f"{where} on input {index + 1}"
         try:
             out = entry([row], context)
         except Exception as error:
-            raise RuntimeFailure(f"{at}: {type(error).__name__}: {error}") from error
+            answers.append({"failed": f"raised {type(error).__name__}: {error}"})
+            continue
         if not isinstance(out, list) or len(out) != 1:  # the worker answers 503 for either
-            raise RuntimeFailure(f"{at}: answered {f'{len(out)} rows' if isinstance(out, list) else type(out).__name__}, not 1 row")
-        status, _ = context.get_response_status(0)
-        if status is not None and not 200 <= status < 300:
-            raise RuntimeFailure(f"{at}: answered status {status}: {str(out[0])[:200]}")
+            answers.append({"failed": f"answered {f'{len(out)} rows' if isinstance(out, list) else type(out).__name__}, not 1 row"})
+            continue
         try:
-            answers.append(worker_bytes(out[0]))
+            answers.append({"answer": base64.b64encode(worker_bytes(out[0])).decode()})
         except TypeError as error:  # json.dumps of what a worker cannot send either
-            raise RuntimeFailure(f"{at}: its answer cannot be sent ({error})") from error
+            answers.append({"failed": f"answered what its worker cannot send ({error})"})
     return answers
 
 
@@ -266,7 +322,7 @@ def _metrics():
 def _child(request_path: str, reply_path: str) -> None:
     request = json.loads(Path(request_path).read_text())
     try:
-        reply = {"answers": [base64.b64encode(answer).decode() for answer in _run_node(request)]}
+        reply = {"answers": _run_node(request)}
     except RuntimeFailure as failure:
         reply = {"error": str(failure)}
     Path(reply_path).write_text(json.dumps(reply))

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from segserve.archives.catalog import Catalog
-from segserve.archives.dag_requests import FunctionFile, content_type_of, evaluation_order, node_requests, worker_row
+from segserve.archives.dag_requests import Failed, FunctionFile, content_type_of, evaluation_order, node_requests, worker_row
 from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
@@ -284,8 +284,9 @@ def test_function_nodes_run_from_the_wars_own_file_one_row_at_a_time_encoded_as_
     with FunctionFile(tmp_path / "wf.war", "wf", "handler.py", env=kept) as functions:
         bodies = [b"abc", Body(b'{"x": 1, "y": 2}', "application/json"), b"text", b"tensor"]
         answered = functions.answers("fn_first", bodies)
-        with pytest.raises(RuntimeFailure, match=r"^wf.war: function node 'fn_first' on input 2: ValueError: not this one$"):
-            functions.answers("fn_first", [b"abc", b"raise"])
+        # a row it raises on is failed (its worker would fail it), its batch-mates answered
+        raised = functions.answers("fn_first", [b"abc", b"raise"])
+        assert raised[1] == Failed("raised ValueError: not this one") and json.loads(raised[0])["size"] == 3
         with pytest.raises(RuntimeFailure, match=r"^wf.war: function node 'fn_first': its process ended with status 3 and no answer"):
             functions.answers("fn_first", [b"exit"])
         folder = functions.folder

@@ -30,6 +30,8 @@ class Analysis:
     phases: list[dict] = field(default_factory=list)  # load.phases: every point per phase and overall
     autoscaler_vs_static: list[dict] = field(default_factory=list)  # each phase: the autoscaler against the best static split
     side_by_side: list[dict] = field(default_factory=list)  # peer servers (command targets) beside segserve's best
+    # pipelines measured with members but without an efficiency row, and members measured on fewer inputs: why
+    efficiency_notes: list[str] = field(default_factory=list)
 
 
 def analyse(
@@ -49,7 +51,35 @@ def analyse(
         phase_table(records),
         autoscaler_vs_static(records),
         side_by_side(winners),
+        efficiency_notes(records, winners, pipelines),
     )
+
+
+def efficiency_notes(records: list[dict], winners: dict[str, dict | None], pipelines: dict[str, Pipeline]) -> list[str]:
+    """Why a pipeline measured with its members has no efficiency row (which target has no best point, and its
+    error, else "no point met the constraints"), and which member was measured without inputs that a node above it
+    failed (it never gets them in the workflow either)."""
+    notes, ran = [], {r.get("target") for r in records}
+    for name, pipeline in pipelines.items():
+        if name not in ran or not ran & set(pipeline.members):
+            continue  # a pipeline measured without its members has no bounds to miss
+        missing = [target for target in (name, *pipeline.members) if not (winners.get(target) or {}).get("throughput_rps")]
+        why = [f"{target}: {_no_best_point(records, target)}" for target in missing]
+        if why:
+            notes.append(f"{name} has no row: {'; '.join(why)}")
+        notes += [
+            f"{member} was measured without the inputs a node above it failed: {winners[member]['inputs_left_out']}"
+            for member in pipeline.members
+            if (winners.get(member) or {}).get("inputs_left_out")
+        ]
+    return notes
+
+
+def _no_best_point(records: list[dict], target: str) -> str:
+    if not any(r.get("target") == target for r in records):
+        return "not measured"
+    errors = list(dict.fromkeys(r["error"] for r in records if r.get("target") == target and r.get("error")))
+    return "; ".join(errors) if errors else "no point met the constraints"
 
 
 def side_by_side(winners: dict[str, dict | None]) -> list[dict]:

@@ -173,6 +173,9 @@ def _analysis_sections(analysis: Analysis) -> list[str]:
         "serving glue between its steps; ratio_bare compares it with the bare model's in-process forward throughput at "
         "the same batch size and threads, the compute limit.",
     )
+    if analysis.efficiency_notes:  # a pipeline without its row, or a member fed fewer inputs: said, not left out
+        heading = [] if analysis.efficiency else ["", "## Pipeline efficiency"]
+        lines += [*heading, "", *(f"- {note}" for note in analysis.efficiency_notes)]
     lines += _table_section(
         "### Where a pipeline request's time goes (best point of each pipeline)",
         analysis.breakdown,

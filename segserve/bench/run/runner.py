@@ -84,7 +84,7 @@ class Runner:
 
     def measure_point(self, point: Point) -> dict:
         started = time.monotonic()
-        metrics = error = reconfigure_s = cause = None
+        metrics = error = reconfigure_s = cause = left_out = None
         # skip_network (the serving path alone) runs no network: no bare forward to hold it against
         runs_network = not self.handler_settings(point).get("skip_network")
         node = self.weights_node(point.target) if runs_network else None
@@ -93,7 +93,7 @@ class Runner:
         try:
             if self.weights_node(point.target, alone=False):
                 weights_device = self.handler_settings(point).get("device") or "auto"
-            self.bodies_before_deploy(point)
+            left_out = self.bodies_before_deploy(point)
             started = time.monotonic()  # a capture is not the point's reconfiguration
             endpoint = self.deployment.deploy(point)
             reconfigure_s = time.monotonic() - started
@@ -119,6 +119,8 @@ class Runner:
             self.deployment.stop_servers()  # start clean for the next point
         record = record_for(point, reconfigure_s, metrics, error, self.weights_node(point.target, alone=False))
         record.update({"load_s": self.deployment.load_s, "error_cause": cause, **accuracy})
+        if left_out:  # a workflow member: the inputs a node above it failed, which it never gets in the workflow
+            record["inputs_left_out"] = left_out
         record.update(validity(record))
         if weights_device:
             record["weights_device"] = weights_device
@@ -136,15 +138,14 @@ class Runner:
             return None, 0
         return deployment.server, deployment.server.model_log_size()
 
-    def bodies_before_deploy(self, point: Point) -> None:
+    def bodies_before_deploy(self, point: Point) -> str | None:
         """A workflow member's inputs are what the workflow's DAG sends it: its model nodes' answers captured (once)
         by registering each alone on the server, before the point registers its own target, which a capture would
-        release."""
+        release. Returns the inputs it never gets in the workflow (suite_inputs.MemberBodies), None for others."""
         phases = [p.name for p in self.suite.load.phases or []]
-        for phase in phases:
-            self.bodies_for(point.target, phase)
-        if not phases:
-            self.bodies_for(point.target)  # called as measure_load calls it: the same cache entry
+        # called as measure_load calls it: the same cache entries
+        bodies = [self.bodies_for(point.target, phase) for phase in phases] or [self.bodies_for(point.target)]
+        return "; ".join(dict.fromkeys(b.left_out for b in bodies if getattr(b, "left_out", None))) or None
 
     def measure_load(self, point: Point, endpoint, groups: dict | None) -> dict:
         """Under the suite's load (its phases one after the other, or windows until it settles), with the

@@ -7,6 +7,7 @@ from functools import cache
 from pathlib import Path
 
 from segserve.archives.catalog import Catalog
+from segserve.archives.dag_requests import Failed, left_out
 from segserve.bench.run.command import v2_binary_body
 from segserve.bench.run.inputs import Body, class_maps, request_bodies
 from segserve.bench.suite.spec import Suite
@@ -18,6 +19,26 @@ def digest(*parts) -> str:
     for part in parts:
         sha.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
     return sha.hexdigest()[:8]
+
+
+class MemberBodies(list):
+    """A workflow member's bodies: the rows that reach its node inside the workflow, and the workflow's inputs a node
+    above it failed, which it never gets there (dag_requests.left_out; None: none)."""
+
+    left_out: str | None = None
+
+    def __reduce__(self):  # to a load process as a plain list: unpickling this class would import torch there
+        return list, (list(self),)
+
+
+def member_bodies(name: str, rows: list) -> MemberBodies:
+    """The rows of `rows` (dag_requests.node_requests') that reach the member's node; a member none reaches fails
+    alone, its siblings and the nodes above it measured."""
+    bodies = MemberBodies(row for row in rows if not isinstance(row, Failed))
+    bodies.left_out = left_out(rows)
+    if not bodies:
+        raise RuntimeFailure(f"{name}: none of the workflow's {len(rows)} inputs reaches it: {bodies.left_out}")
+    return bodies
 
 
 class SuiteInputs:
@@ -40,7 +61,7 @@ class SuiteInputs:
     def bodies_for(self, name: str, phase: str | None = None) -> list[bytes]:
         member = self.catalog.foreign.get(name)
         if member is not None and member.workflow is not None:  # a node of a user's workflow: what the DAG sends it
-            return list(self.node_requests(member.workflow, phase)[member.node])
+            return member_bodies(name, self.node_requests(member.workflow, phase)[member.node])
         archive = self.suite.archive_targets.get(name)
         if archive is not None and archive.inputs:  # a user's archive: what it is sent, its own (phases too)
             return request_bodies(archive.inputs)

@@ -2,6 +2,7 @@
 little as possible: restart only for server values, build and re-register only for archive values, scale live for
 workers."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 from handlers.optimize import IPEX_HINT
 from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
+from segserve.archives.dag_requests import Failed
 from segserve.archives.registration import from_workflow, workflow_entry
 from segserve.bench.run.inputs import Body
 from segserve.bench.run.measure import Endpoint, process_groups
@@ -21,7 +23,7 @@ from segserve.bench.suite.params import at_level
 from segserve.bench.suite.plan import Point, settings_for
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
-from segserve.serving.http import Connection
+from segserve.serving.http import Connection, Response
 from segserve.serving.server import TorchServe
 
 # a worker that compiles its network (optimize compile/int8) loads for tens of seconds on 2 cores
@@ -203,11 +205,13 @@ class TorchServeTargets(Kind):
         # (it starts the DAG-wide count), so ensure_workers scales such a node to the point's count.
         self.current_workers = {node: len(server.describe(model).get("workers", [])) for node, model in self._worker_models(target).items()}
 
-    def answers(self, name: str, bodies: tuple[bytes, ...]) -> list[bytes]:
+    def answers(self, name: str, bodies: tuple[bytes, ...]) -> list:
         """What the archive target `name` answers to each body, registered alone (one worker, its archive's own
         batching) on the running server, or on one with the suite's default settings: a workflow member's inputs
-        are what the workflow's nodes above it answer. Whatever a point had registered is released first; its next
-        deploy registers it again."""
+        are what the workflow's nodes above it answer. Each row its answer (its handler's, whatever status it set:
+        the workflow hands that on), or Failed where TorchServe answered its own error (the row goes no further in
+        the workflow), with the workers' first exception. Whatever a point had registered is released first; its
+        next deploy registers it again."""
         if self.server is None:
             self.ensure_server(Point(name, (), (), (), ()))
         self.release()
@@ -217,16 +221,30 @@ class TorchServeTargets(Kind):
         answered = []
         try:
             server.wait_ready(name, WORKER_LOAD_TIMEOUT_S)
-            for index, body in enumerate(bodies):
-                response = connection.request("POST", endpoint, body, getattr(body, "content_type", "application/octet-stream"))
-                if response.status != 200:
-                    answer = response.text()[:200]
-                    raise RuntimeFailure(f"capturing what {name} answers: input {index + 1} got HTTP {response.status}: {answer}")
-                answered.append(Body(response.body, response.content_type or "application/octet-stream"))
+            for body in bodies:
+                mark = server.model_log_size()
+                try:
+                    response = connection.request("POST", endpoint, body, getattr(body, "content_type", "application/octet-stream"))
+                except OSError as error:  # no answer in the connection's timeout: the row goes no further
+                    connection.close()
+                    answered.append(Failed(f"gave no answer ({type(error).__name__}: {error})"))
+                    continue
+                message = torchserve_error(response)
+                if message is None:
+                    answered.append(Body(response.body, response.content_type or "application/octet-stream"))
+                    continue
+                cause = server.worker_exception(mark, wait_s=1.0)
+                answered.append(Failed(f"answered {response.status}: {message}" + (f" ({cause})" if cause else "")))
         finally:
             connection.close()
             server.unregister("models", name)
-        self.log(f"captured what {name} answers to its {len(bodies)} input(s): its children's inputs")
+        failed = [
+            f"{getattr(body, 'name', None) or '?'} ({row.reason})"
+            for body, row in zip(bodies, answered, strict=True)
+            if isinstance(row, Failed)
+        ]
+        said = f"; it failed {len(failed)}, which go no further: {'; '.join(failed)}" if failed else ""
+        self.log(f"captured what {name} answers to its {len(bodies)} input(s): its children's inputs{said}")
         return answered
 
     def check_python(self, optimizations: set) -> None:
@@ -260,3 +278,20 @@ class TorchServeTargets(Kind):
                 self.current_workers[node] = count
                 self.fresh_workers = True
                 self.changes["scales"] += 1
+
+
+def torchserve_error(response: Response) -> str | None:
+    """The message of TorchServe's own error answer (NettyUtils.sendError: {"code", "type", "message"}, the code
+    its status), sent where the worker failed the row's batch (ts/service.py: 503 "Prediction failed", a
+    PredictionException's code) or the frontend refused the job; None for an answer the handler gave, whatever
+    status it set (in a workflow that answer goes on to the next node, docs/fuse.md)."""
+    if response.status < 400:
+        return None
+    try:
+        error = json.loads(response.body)
+    except ValueError:
+        return None
+    # Gson leaves out a null message
+    if not isinstance(error, dict) or not {"code", "type"} <= set(error) <= {"code", "type", "message"} or error["code"] != response.status:
+        return None
+    return " ".join(str(error.get("message") or error["type"]).split())
