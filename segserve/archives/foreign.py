@@ -1,7 +1,7 @@
 """Archives segserve never built (a user's .mar or .war) as targets of a suite, registered as they are.
 
 The user's files are never changed and their model handlers never imported here (a .war's function nodes run in
-this process for `members: true`: dag_requests.py). A .mar is copied into the bench's model store and registered
+this process for `members: true`: bench/run/dag_requests.py). A .mar is copied into the bench's model store and registered
 with the point's batch size, delay, timeout and workers (management API parameters). A .war is copied with its
 spec's `models:` rewritten for the point (TorchServe reads a workflow's batching and workers from there only),
 beside copies of the .mar files its nodes name, taken from the target's model_store. What is wrong with an archive
@@ -29,8 +29,8 @@ from segserve.archives.archive_urls import (
     safe_relative_name,
 )
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
-from segserve.archives.dag_requests import FunctionFile, evaluation_order, function_names, node_requests, parents_of
 from segserve.archives.registration import WORKFLOW_MODEL_KEYS
+from segserve.archives.war_dag import evaluation_order, function_names, parents_of
 from segserve.errors import RuntimeFailure, UsageError
 
 FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it
@@ -86,7 +86,7 @@ class ForeignArchive:
 
     def members(self) -> list["ForeignArchive"]:
         """Each model node's .mar as a target of its own, measured alone on what the workflow sends it: the start
-        node this .war's inputs, every other node what its DAG makes of them (node_requests). Function nodes are
+        node this .war's inputs, every other node what its DAG makes of them (bench/run/dag_requests.py). Function nodes are
         not members: TorchServe runs them at batch size 1 in a worker of their own, measured only inside the DAG."""
         where = f"targets.{self.name}.members"
         if self.spec is None:
@@ -112,19 +112,6 @@ class ForeignArchive:
             remote = {"source": source, "store_source": self.store_source, "rules": self.rules}
             members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, workflow=workflow, **remote))
         return members
-
-    def node_requests(self, inputs: list[bytes], capture, env: dict[str, str] | None = None) -> dict[str, list[bytes]]:
-        """What each node of the DAG is sent for these inputs of the workflow: a model node's answers from
-        `capture(member name, bodies)` (its .mar registered alone), a function node's from the .war's function file
-        run in a process of its own with environment `env` (segserve/archives/dag_requests.py)."""
-        with FunctionFile(self.path, self.name, self.functions_file or "", env) as functions:
-
-            def answer(node: str, bodies: list[bytes]) -> list[bytes]:
-                if node in self.nodes:
-                    return list(capture(self.member_name(node), tuple(bodies)))
-                return functions.answers(node, bodies)
-
-            return node_requests(self.spec.get("dag") or {}, inputs, answer)
 
     def _leaves(self) -> list[str]:
         dag = (self.spec or {}).get("dag") or {}

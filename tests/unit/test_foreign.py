@@ -11,7 +11,8 @@ import torch
 import yaml
 
 from segserve.archives.catalog import Catalog
-from segserve.archives.dag_requests import Failed, FunctionFile, content_type_of, evaluation_order, node_requests, worker_row
+from segserve.archives.war_dag import evaluation_order
+from segserve.bench.run.dag_requests import Failed, FunctionFile, content_type_of, node_requests, worker_row
 from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning

@@ -9,8 +9,8 @@ from concurrent import futures
 import grpc
 import pytest
 
-from segserve.archives.dag_requests import request_of, worker_row
 from segserve.bench.run import grpc_load
+from segserve.bench.run.dag_requests import request_of, worker_row
 from segserve.bench.run.load import LoadSpec, run_load
 from segserve.bench.run.measure import Endpoint, _load_spec, _protocol, _server_columns, protocol_of
 from segserve.bench.suite.spec import LoadSettings

@@ -8,8 +8,8 @@ import pickle
 import pytest
 
 from segserve.archives.catalog import Catalog
-from segserve.archives.dag_requests import Failed, left_out, node_requests
 from segserve.bench.results.analysis import Pipeline, analyse
+from segserve.bench.run.dag_requests import Failed, left_out, node_requests
 from segserve.bench.run.load import Body
 from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.run.targets.torchserve_targets import torchserve_error

@@ -7,8 +7,8 @@ from functools import cache
 from pathlib import Path
 
 from segserve.archives.catalog import Catalog
-from segserve.archives.dag_requests import Failed, left_out
 from segserve.bench.run.command import v2_binary_body
+from segserve.bench.run.dag_requests import Failed, left_out, workflow_node_requests
 from segserve.bench.run.inputs import Body, class_maps, request_bodies
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure
@@ -79,13 +79,13 @@ class SuiteInputs:
     def node_requests(self, workflow: str, phase: str | None = None) -> dict[str, list[bytes]]:
         """What each node of a user's .war is sent for the .war's inputs: its model nodes' answers captured by
         registering each alone on a server (`capture`), its function nodes run in processes of their own with the
-        environment its workers get (foreign.py: node_requests)."""
+        environment its workers get (dag_requests.workflow_node_requests)."""
         if self.capture is None:
             raise RuntimeFailure(f"{workflow}: its members' inputs are what its nodes answer, captured on a server (none here)")
         from segserve.serving.server import archive_environment
 
         env = archive_environment(self.suite.archive_targets[workflow].worker_env)
-        return self.catalog.foreign[workflow].node_requests(self.bodies_for(workflow, phase), self.capture, env)
+        return workflow_node_requests(self.catalog.foreign[workflow], self.bodies_for(workflow, phase), self.capture, env)
 
     def all_images(self) -> tuple[bytes, ...]:
         """Every body the suite sends, its phases' too (what its measurements depend on)."""

@@ -13,8 +13,8 @@ from pathlib import Path
 from handlers.optimize import IPEX_HINT
 from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
-from segserve.archives.dag_requests import Failed
 from segserve.archives.registration import from_workflow, workflow_entry
+from segserve.bench.run.dag_requests import Failed
 from segserve.bench.run.inputs import Body
 from segserve.bench.run.measure import Endpoint, process_groups
 from segserve.bench.run.suite_inputs import digest

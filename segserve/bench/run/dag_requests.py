@@ -15,7 +15,6 @@ status its handler set) goes on as its body, as the DagExecutor hands it on; a r
 failed it) goes no further, so only that node's descendants are fed without it.
 """
 
-import ast
 import base64
 import email.parser
 import importlib.util
@@ -32,40 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from segserve.errors import RuntimeFailure, UsageError
-
-
-def parents_of(dag: dict) -> dict[str, list[str]]:
-    """Each node of the DAG → its parents, in the spec's order ([] for the start node)."""
-    parents: dict[str, list[str]] = {}
-    for node, children in dag.items():
-        parents.setdefault(node, [])
-        for child in children or []:
-            parents.setdefault(child, []).append(node)
-    return parents
-
-
-def evaluation_order(dag: dict, where: str) -> list[str]:
-    """The DAG's nodes, parents before children (the spec's order among nodes ready together). A DAG TorchServe
-    refuses (Dag.validate: one start node, no cycle) is a UsageError naming its nodes."""
-    parents = parents_of(dag)
-    starts = [node for node, above in parents.items() if not above]
-    if len(starts) != 1:
-        named = ", ".join(starts) or "none (every node has a parent)"
-        raise UsageError(f"{where}: the dag's start nodes are {named}: TorchServe runs a dag with exactly one")
-    order, waiting = [], {node: len(above) for node, above in parents.items()}
-    ready = list(starts)
-    while ready:
-        node = ready.pop(0)
-        order.append(node)
-        for child in dag.get(node) or []:
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                ready.append(child)
-    if len(order) != len(parents):
-        looped = ", ".join(node for node in parents if node not in order)
-        raise UsageError(f"{where}: nodes {looped} form a cycle: TorchServe runs a dag without one")
-    return order
+from segserve.archives.war_dag import evaluation_order, parents_of
+from segserve.errors import RuntimeFailure
 
 
 @dataclass(frozen=True)
@@ -117,6 +84,20 @@ def node_requests(dag: dict, inputs: list[bytes], answer: Callable[[str, list[by
         for i, given_row in zip(reached, given, strict=True):
             answers[node][i] = Failed(given_row.reason, node, names[i]) if isinstance(given_row, Failed) else given_row
     return sent
+
+
+def workflow_node_requests(archive, inputs: list[bytes], capture, env: dict[str, str] | None = None) -> dict[str, list]:
+    """What each node of a user's .war (archive: a ForeignArchive) is sent for these inputs of the workflow: a model
+    node's answers from `capture(member name, bodies)` (its .mar registered alone), a function node's from the
+    .war's function file run in a process of its own with environment `env` (FunctionFile)."""
+    with FunctionFile(archive.path, archive.name, archive.functions_file or "", env) as functions:
+
+        def answer(node: str, bodies: list[bytes]) -> list:
+            if node in archive.nodes:
+                return list(capture(archive.member_name(node), tuple(bodies)))
+            return functions.answers(node, bodies)
+
+        return node_requests(archive.spec.get("dag") or {}, inputs, answer)
 
 
 def left_out(rows: list) -> str | None:
@@ -178,23 +159,6 @@ def _decoded(value: bytes, content_type: str):
     return bytearray(value)
 
 
-def function_names(war: Path, functions_file: str) -> set[str]:
-    """The names the .war's function file defines at its top level (read, not imported), where TorchServe finds
-    a function node's entry point."""
-    with zipfile.ZipFile(war) as archive:
-        tree = ast.parse(archive.read(functions_file), functions_file)
-    names = set()
-    for statement in tree.body:
-        if isinstance(statement, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(statement.name)
-        elif isinstance(statement, ast.Import | ast.ImportFrom):
-            names |= {alias.asname or alias.name.split(".")[0] for alias in statement.names}
-        elif isinstance(statement, ast.Assign | ast.AnnAssign):
-            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-            names |= {target.id for target in targets if isinstance(target, ast.Name)}
-    return names
-
-
 class FunctionFile:
     """A .war's function file, run as TorchServe runs a function node: each node in a Python process of its own (as
     each gets a worker of its own; a crash or a stray exit stays there), from a copy of the .war's files that is its
@@ -227,7 +191,7 @@ class FunctionFile:
         names = {"folder": str(self.folder / "war"), "functions_file": self.functions_file, "workflow": self.workflow}
         request.write_text(json.dumps({**names, "war": self.war.name, "node": node, "bodies": sent}))
         reply.unlink(missing_ok=True)  # an earlier call's
-        command = [sys.executable, "-m", "segserve.archives.dag_requests", str(request), str(reply)]
+        command = [sys.executable, "-m", "segserve.bench.run.dag_requests", str(request), str(reply)]
         try:  # a JSON reply, never a pickle: what the child writes is the user's code's to shape
             done = subprocess.run(command, capture_output=True, text=True, env=self.env, cwd=self.folder, timeout=FUNCTION_NODE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -295,18 +259,29 @@ def _run_node(request: dict) -> list[dict]:
 
 
 def worker_bytes(value) -> bytes:
-    """A row's answer as its worker sends it (otf_message_handler.create_predict_response; fused_handler.as_bytes
-    where torch is loaded). torch is not imported for it, a second or more in each node's process: a function
-    that answers a tensor has imported it."""
+    """A row's answer as its worker sends it. Where torch is loaded, TorchServe's own encoder writes it
+    (otf_message_handler.create_predict_response: a tensor goes through torch.save) and the row's bytes are read
+    back from its message; else the three kinds a function answers without torch, as that encoder writes them.
+    torch is not imported for it, a second or more in each node's process: a function that answers a tensor has."""
     if "torch" in sys.modules:
-        from segserve.fuse.fused_handler import as_bytes
-
-        return as_bytes(value)
+        return _encoded_by_torchserve(value)
     if isinstance(value, bytes | bytearray):
         return bytes(value)
     if isinstance(value, str):
         return value.encode("utf-8")
     return json.dumps(value, indent=2).encode("utf-8")
+
+
+def _encoded_by_torchserve(value) -> bytes:
+    from ts.protocol.otf_message_handler import create_predict_response
+
+    message = bytes(create_predict_response([value], {0: "r"}, "", 200))
+    if int.from_bytes(message[:4], "big", signed=True) != 200:  # "Unsupported model output data type."
+        raise TypeError(f"a {type(value).__name__} is not an answer a worker can send")
+    # code, message "", request id "r", content type "", status, phrase "", no headers: 4+4+5+4+4+4+4 bytes; the
+    # row's length and bytes; the end of the list (-1)
+    length = int.from_bytes(message[29:33], "big", signed=True)
+    return message[33 : 33 + length]
 
 
 def _metrics():
