@@ -267,7 +267,6 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
               - {name: classifier, archive: classifier.mar}
               - {name: tiny, archive: tiny.mar}
               - {name: needsdep, archive: needsdep.mar}
-              - {name: installed, archive: needsdep.mar, install_requirements: true}
             inputs: [{tensor: {dtype: float32, shape: [3, 32, 32]}}]
             grid: {load: {concurrency: [2]}}
             load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 2, stability_tolerance: 0.9}
@@ -291,13 +290,27 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
         "to install it as TorchServe's install_py_dep_per_model would"
     )
     assert error.startswith(f"RuntimeFailure: {cause}; registering needsdep.mar as needsdep failed: HTTP 500"), error
-    # asked for: installed where TorchServe extracted the archive (install_py_dep_per_model), and segserve's venv unchanged
-    assert rows["installed"]["error"] is None and rows["installed"]["requests_ok"] > 0, rows["installed"]
-    assert not list(Path(sysconfig.get_paths()["purelib"]).glob("segserve_tiny_dep*"))
-    assert subprocess.run([sys.executable, "-c", "import segserve_tiny_dep"], capture_output=True).returncode == 1
     # the causes in the terminal and in report.md too
     out, report = capsys.readouterr().out, (folder / "report.md").read_text()
     assert f"FAILED {rows['needsdep']['error']}" in out and rows["classifier"]["error_cause"] in report
+
+
+@pytest.mark.long  # a server of its own (install_py_dep_per_model) and pip: about 20 s (make test-long)
+def test_an_archive_that_asks_for_its_requirements_is_served_with_them_and_segserves_venv_is_unchanged(
+    user_archives, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(user_archives)
+    suite = """
+        targets: [{name: installed, archive: needsdep.mar, install_requirements: true}]
+        inputs: [{tensor: {dtype: float32, shape: [3, 32, 32]}}]
+        grid: {load: {concurrency: [2]}}
+        load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 2, stability_tolerance: 0.9}
+        """
+    _, records = bench(tmp_path, "installed", textwrap.dedent(suite), capsys)
+    # installed where TorchServe extracted the archive (install_py_dep_per_model), and segserve's venv unchanged
+    assert records[0]["error"] is None and records[0]["requests_ok"] > 0, records[0]
+    assert not list(Path(sysconfig.get_paths()["purelib"]).glob("segserve_tiny_dep*"))
+    assert subprocess.run([sys.executable, "-c", "import segserve_tiny_dep"], capture_output=True).returncode == 1
 
 
 def test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder(tmp_path, monkeypatch, capsys):
