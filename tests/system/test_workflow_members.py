@@ -99,7 +99,7 @@ def test_a_join_workflows_members_are_measured_on_what_the_workflow_sends_them(t
     suite = """
         targets: [{name: dog, archive: dog.war, members: true}]
         inputs: [{files: [in/*.bin]}]
-        grid: {load: {concurrency: [2]}}
+        grid: {archive: {batch_size: [1]}, load: {concurrency: [2]}}  # a row alone: refuse.bin's 400 never shares fail.bin's batch
         load: {warmup_s: 0.3, fresh_workers_warmup_s: 1.0, window_s: 0.5, stable_windows: 2, max_windows: 3, stability_tolerance: 0.9}
         """
     folder, rows = bench(tmp_path, "dog", textwrap.dedent(suite), capsys)
