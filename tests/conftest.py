@@ -1,6 +1,8 @@
 """Shared fixtures: a real TorchServe Context for handler tests, built archives, a live server."""
 
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,19 @@ def empty_inductor_cache(tmp_path_factory):
 
 
 make_context = worker_context  # TorchServe's own Context, as a worker builds it
+
+
+@contextmanager
+def serving(instance):
+    """A stdlib HTTP server of a test's, answering on its own thread until the block ends, then closed."""
+    thread = threading.Thread(target=instance.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield instance
+    finally:
+        instance.shutdown()
+        instance.server_close()
+        thread.join()
 
 
 def with_rows(context: Context, rows: int) -> Context:

@@ -1,7 +1,6 @@
 """Failed requests attributed (segserve/bench/run/failures.py): by input and status against a small loopback server
 that answers 200, 400, 503 or nothing by input; by node from TorchServe's own log lines (a real excerpt)."""
 
-import threading
 import time
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,6 +13,7 @@ from segserve.bench.run.failures import LOG_TIME, TIMED_OUT, LogMark, attributed
 from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.load import SAMPLE_BYTES, LoadResult, LoadSpec, run_load
 from segserve.bench.suite.input_spec import InputSpec
+from tests.conftest import serving
 
 DATA = Path(__file__).parent / "data"
 # from a real run (TorchServe 0.12.0): workflow `flow`, first → flaky (timeout-ms 1500, retry-attempts 1), five requests
@@ -56,14 +56,8 @@ def server():
     instance = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     instance.daemon_threads, instance.logs = True, None
     instance.handle_error = lambda *args: None  # a timed-out client closed its end: the late reply's broken pipe
-    thread = threading.Thread(target=instance.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(instance):
         yield instance
-    finally:
-        instance.shutdown()
-        instance.server_close()
-        thread.join()
 
 
 def url(server) -> str:

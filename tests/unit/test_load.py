@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from segserve.bench.run.load import LoadResult, LoadSpec, arrival_schedule, run_load
+from tests.conftest import serving
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -72,14 +73,8 @@ class _Server(ThreadingHTTPServer):
 @pytest.fixture
 def server():
     instance = _Server()
-    thread = threading.Thread(target=instance.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(instance):
         yield instance
-    finally:
-        instance.shutdown()
-        instance.server_close()
-        thread.join()
 
 
 def spec(url: str, bodies=(b"x",), **kwargs) -> LoadSpec:

@@ -2,7 +2,6 @@
 TorchServe's workflow executor waited (a real excerpt of a lost answer), never feasible, not called disturbance,
 and said on the terminal, in a failed point's error and in report.md."""
 
-import threading
 import time
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +19,7 @@ from segserve.bench.run.runner import Progress, no_request_completed
 from segserve.bench.run.stalls import explained, find_stalls, stall_cause, stall_columns
 from segserve.bench.suite.columns import best, satisfies
 from segserve.bench.suite.plan import Point
+from tests.conftest import serving
 
 # from a real run (TorchServe 0.12.0, the dog-breed example's workflow, timeout-ms 300000, 8 connections): one
 # request's lost answer, excerpted from its ts_log.log (every line twice, as TorchServe's log4j2.xml writes them):
@@ -184,14 +184,8 @@ def stalling_server():
     instance = ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
     instance.daemon_threads = True
     instance.stall_from = instance.stall_to = float("inf")
-    thread = threading.Thread(target=instance.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with serving(instance):
         yield instance
-    finally:
-        instance.shutdown()
-        instance.server_close()
-        thread.join()
 
 
 def test_measure_records_a_stall_and_counts_no_window_after_the_load_stopped(stalling_server, monkeypatch):
