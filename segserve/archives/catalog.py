@@ -101,6 +101,11 @@ class Target:
         """What runtime worker counts are given for: each node (`<node>_workers`), or () for the one model."""
         return tuple(n.name for n in self.nodes)
 
+    @property
+    def weights_node(self) -> Node | None:
+        """The node whose archive carries segserve's weights (seg), None for a target without one."""
+        return next((n for n in self.nodes if n.model.weights), None)
+
 
 @dataclass(frozen=True)
 class ModelTarget(Target):

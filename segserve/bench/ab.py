@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,12 +20,12 @@ from segserve.bench.results.compare import Change, overall_change, paired_change
 from segserve.bench.results.render import render_table
 from segserve.bench.run.deploy import Deployment
 from segserve.bench.run.load import LoadSpec, run_load
-from segserve.bench.run.measure import measure, process_groups
-from segserve.bench.run.runner import round_schedule
+from segserve.bench.run.point import PointMeasurement, resolve
+from segserve.bench.run.rounds import in_rounds
 from segserve.bench.run.suite_inputs import SuiteInputs
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.spec import Suite
-from segserve.errors import UsageError
+from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import label, machine
 
 WARM_UP_S = 2.0  # of load on each side before the first round
@@ -94,7 +93,7 @@ def warm_up(sides: dict[str, Deployment], point, suite: Suite, bodies: list[byte
     """Start both servers at once, then load each with the first point for a
     while: measured without it, the run's very first measurement came out 20% low (59 against about 75 req/s, seg at 16 connections)."""
     with ThreadPoolExecutor(len(sides)) as pool:  # the servers start at once; the archives are built one side at a time
-        list(pool.map(lambda deployment: deployment.ensure_server(point), sides.values()))
+        list(pool.map(lambda deployment: deployment.torchserve.ensure_server(point), sides.values()))
     for endpoint in [deployment.deploy(point) for deployment in sides.values()]:
         concurrency = point.params.get("concurrency", suite.load.max_connections)
         run_load(LoadSpec(endpoint.url, endpoint.path, bodies, endpoint.token, concurrency, headers=dict(endpoint.headers)), WARM_UP_S)
@@ -155,55 +154,40 @@ def _points_and_bodies(ab: AbRun, sides: dict[str, Deployment], log) -> tuple[li
     points = planning.expand(ab.suite, catalog, SuiteInputs(ab.suite, catalog, ab.weights).digests())
     log(f"{len(points)} point(s) × {ab.rounds} round(s) × A and B, interleaved")
     bodies = SuiteInputs(ab.suite, catalog, ab.weights)
-    bodies.capture = sides["a"].answers
+    bodies.capture = sides["a"].torchserve.answers
     for point in points:  # before any deploy: a workflow member's capture releases what is registered
         bodies.bodies_for(point.target)
     return points, bodies
 
 
-@dataclass
-class _Measured:
-    """What each point measured on each side, round after round, by (run_id, "a" or "b")."""
+def _measure_in_turn(ab: AbRun, sides: dict[str, Deployment], points: list, bodies: SuiteInputs, log) -> dict:
+    """Every point on A and on B in turn, round after round (rounds.in_rounds: A B, B A, …, the points reversed
+    every other round, fresh workers on both sides each round); {(run_id, side): each round's record}."""
+    units = {name: PointMeasurement(deployment, ab.suite.load, bodies.bodies_for) for name, deployment in sides.items()}
 
-    windows: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # every round's measured windows
-    throughputs: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # each round's throughput
-    costs: dict[tuple[str, str], dict[str, list]] = field(default_factory=dict)  # each round's CPU per request, by process and stage
-
-    def add(self, key: tuple[str, str], metrics: dict) -> None:
-        self.windows.setdefault(key, []).extend(metrics["measured_window_throughputs_rps"])
-        self.throughputs.setdefault(key, []).append(metrics["throughput_rps"])
-        for column in COST_COLUMNS:
-            self.costs.setdefault(key, {}).setdefault(column, []).append(metrics.get(column))
-
-
-def _measure_in_turn(ab: AbRun, sides: dict[str, Deployment], points: list, bodies: SuiteInputs, log) -> _Measured:
-    """Every point on A and on B in turn, round after round; what each measured."""
-    measured = _Measured()
-    this_round = 0  # round 1 has the workers the warm-up started
-    # the runner's rounds (points reversed every other round), each point's A and B in turn: A B, B A, …
-    for index, point, name in round_schedule(points, ab.rounds, ("a", "b")):
-        if index != this_round:
-            for deployment in sides.values():
-                deployment.release()  # fresh workers each round: a worker's own luck is one round's noise
-            this_round = index
-        deployment = sides[name]
-        started = time.monotonic()
-        endpoint = deployment.deploy(point)
-        deploy_s = time.monotonic() - started
-        groups = process_groups(deployment.server, endpoint.models)
-        metrics = measure(endpoint, ab.suite.load, point.params, bodies.bodies_for(point.target), groups, deployment.fresh_workers)
-        measured.add((point.run_id, name), metrics)
-        rps = metrics["throughput_rps"]
-        cost = metrics.get("server_cpu_ms_per_request")
+    def measure(point, name: str) -> dict:
+        record = units[name].measure(resolve(point, sides[name].catalog))
+        if record["error"]:  # a side that cannot be measured leaves nothing to compare
+            raise RuntimeFailure(f"{point.run_id} on {name.upper()}: {record['error']}")
+        cost = record.get("server_cpu_ms_per_request")
         cost_text = f", server {cost:.2f} CPU-ms a request" if cost is not None else ""
-        log(f"  round {index + 1} {point.run_id} {name.upper()}: {rps:.1f} req/s{cost_text} (deployed in {deploy_s:.1f} s)")
-    return measured
+        which = f"round {len(measured.get((point.run_id, name), [])) + 1} {point.run_id} {name.upper()}"
+        log(f"  {which}: {record['throughput_rps']:.1f} req/s{cost_text} (deployed in {record['reconfigure_s']:.1f} s)")
+        return record
+
+    def release() -> None:
+        for deployment in sides.values():
+            deployment.release()
+
+    measured: dict = {}
+    return in_rounds(points, ab.rounds, measure, release, ("a", "b"), measured)
 
 
-def _point_row(point, measured: _Measured, ab: AbRun) -> tuple[dict, Change]:
+def _point_row(point, measured: dict, ab: AbRun) -> tuple[dict, Change]:
     """A point's row of the summary and its change, B ÷ A."""
-    a, b = measured.windows[(point.run_id, "a")], measured.windows[(point.run_id, "b")]
-    a_rounds, b_rounds = measured.throughputs[(point.run_id, "a")], measured.throughputs[(point.run_id, "b")]
+    a_records, b_records = measured[(point.run_id, "a")], measured[(point.run_id, "b")]
+    a, b = ([w for r in records for w in r["measured_window_throughputs_rps"]] for records in (a_records, b_records))
+    a_rounds, b_rounds = [r["throughput_rps"] for r in a_records], [r["throughput_rps"] for r in b_records]
     # paired by round when there are rounds to pair; one round: its windows, as `bench compare` does
     change = paired_change(a_rounds, b_rounds, ab.min_effect) if ab.rounds > 1 else throughput_change(a, b, ab.min_effect)
     row = {
@@ -221,8 +205,8 @@ def _point_row(point, measured: _Measured, ab: AbRun) -> tuple[dict, Change]:
         "a_windows_rps": a,
         "b_windows_rps": b,
         # what a request cost each round (ms): the server's CPU by process, the client's, the handlers' stages
-        "a_rounds_cost_ms": measured.costs.get((point.run_id, "a"), {}),
-        "b_rounds_cost_ms": measured.costs.get((point.run_id, "b"), {}),
+        "a_rounds_cost_ms": {column: [r.get(column) for r in a_records] for column in COST_COLUMNS},
+        "b_rounds_cost_ms": {column: [r.get(column) for r in b_records] for column in COST_COLUMNS},
     }
     return row, change
 

@@ -50,7 +50,7 @@ def replay(result_dir: Path, catalog: Catalog, strategies: list[str], budgets: l
             f"{example}): replay needs a complete grid, recorded with the same parameter declarations"
         )
     objective = suite.objective
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    constraints = suite.constraint_bounds
     members = members_of(suite, catalog)
     space = candidates(points, members)
     grid_best = best([rows[p.key] for p in space], constraints, objective)

@@ -7,6 +7,8 @@ sweep (2.7× eager) and a check that measured 0.72× ran on the same kind of CPU
 """
 
 import os
+import platform
+import subprocess
 from pathlib import Path
 
 # /proc/cpuinfo flag → the name records carry; amx is any of AMX's tile flags
@@ -63,6 +65,37 @@ def gpu_name() -> str | None:
 
 def machine(cpuinfo_text: str | None = None) -> dict:
     return {**cpu_identity(cpuinfo_text), "gpu": gpu_name()}
+
+
+def environment(root: Path) -> dict:
+    """What a run's records say measured them: the machine, Python and the serving stack's versions, the Java
+    TorchServe's frontend ran on, and the commit of the checkout at `root` (a GPU bundle's project has no .git:
+    its BUNDLE_COMMIT file names the commit it was built from)."""
+    from importlib.metadata import version
+
+    sha = _output(["git", "-C", str(root), "rev-parse", "--short", "HEAD"]).strip()
+    dirty = _output(["git", "-C", str(root), "status", "--porcelain"]).strip()
+    java = _output(["java", "-version"], stderr=True).splitlines()
+    bundled = root / "BUNDLE_COMMIT"
+    git_sha = (sha or "?") + ("-dirty" if dirty else "") if sha or not bundled.exists() else bundled.read_text().strip()
+    return {
+        **machine(),  # CPU identity and ISA, cores, GPU: what changes which configuration wins
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "torchvision": version("torchvision"),
+        "torchserve": version("torchserve"),
+        "java": java[0] if java else "?",
+        "git_sha": git_sha,
+    }
+
+
+def _output(command: list[str], stderr: bool = False) -> str:
+    """What a command printed, or "" where it is not installed (a bare GPU machine has no git)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+    except OSError:
+        return ""
+    return done.stderr if stderr else done.stdout
 
 
 def label(environment: dict) -> str:

@@ -119,7 +119,7 @@ def test_a_fused_point_archive_carries_the_spec_and_its_node_settings(tmp_path, 
     (point,) = expand(suite, catalog)
     nodes, stage, _ = settings_for(point, catalog.targets["seg_jpeg_fused"])
     with Deployment(suite, catalog, trained_weights, log=lambda _: None) as deployment:
-        archive = deployment.recipe.fused_archive(catalog.dags["seg_jpeg"], "fused-test", nodes, stage)
+        archive = deployment.torchserve.recipe.fused_archive(catalog.dags["seg_jpeg"], "fused-test", nodes, stage)
         with zipfile.ZipFile(archive) as zipped:
             jpeg_node = yaml.safe_load(zipped.read("nodes/jpeg.yaml"))["handler"]
             assert jpeg_node["quality"] == 70

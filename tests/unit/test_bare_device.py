@@ -4,14 +4,13 @@ for it, segserve.model.bare says where it ran, and a device that is not there is
 import json
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from segserve.archives.catalog import Catalog
-from segserve.bench.run import runner
+from segserve.bench.run import baselines
 from segserve.bench.run.bare_forward import bare_command
+from segserve.bench.run.point import network_variant
 from segserve.bench.suite.spec import LoadSettings
 from tests.conftest import ROOT
 
@@ -22,9 +21,7 @@ def device_argument(command: list[str]) -> str:
 
 @pytest.mark.parametrize(("handler", "expected"), [({"device": "cpu"}, "cpu"), ({"device": "auto"}, "auto"), ({}, "auto")])
 def test_the_bare_forward_asks_for_the_device_of_the_points_weights_node(handler, expected):
-    bench = runner.Runner(Catalog(ROOT), SimpleNamespace(suite=None), None, [], None)
-    bench.handler_settings = lambda point: {"optimize": "eager", "precision": "fp32", **handler}
-    variant, python = bench.variant(SimpleNamespace(target="seg", params={}))
+    variant, python = network_variant({"optimize": "eager", "precision": "fp32", **handler}, {})
     assert device_argument(bare_command(ROOT / "weights" / "seg.pt", 2, variant, python)) == expected
 
 
@@ -35,14 +32,14 @@ def test_a_bare_command_without_a_device_stays_on_the_cpu():
 
 def test_the_end_of_suite_bare_forward_runs_once_per_device_the_nodes_ran_on(monkeypatch):
     asked = []
-    monkeypatch.setattr(runner, "run_bare", lambda weights, threads, shapes, **kw: asked.append((shapes, kw["variant"]["device"])) or [])
+    monkeypatch.setattr(baselines, "run_bare", lambda weights, threads, shapes, **kw: asked.append((shapes, kw["variant"]["device"])) or [])
     records = [
         {"target": "seg", "batch_size": 4, "omp_num_threads": 2, "weights_device": "cpu"},
         {"target": "seg", "batch_size": 8, "omp_num_threads": 2, "weights_device": "auto"},
         {"target": "seg", "batch_size": 2, "omp_num_threads": 2},  # an earlier run's record: the handler's default
         {"target": "seg", "batch_size": 16, "omp_num_threads": 2, "skip_network": True},  # no network ran: no reference
     ]
-    runner.bare_throughputs(records, ROOT / "weights" / "seg.pt", lambda target, alone: "seg", lambda _: None, LoadSettings())
+    baselines.bare_throughputs(records, ROOT / "weights" / "seg.pt", lambda target: "seg", lambda _: None, LoadSettings())
     assert sorted(asked) == [(["2:256:448", "8:256:448"], "auto"), (["4:256:448"], "cpu")]
 
 

@@ -309,17 +309,15 @@ def test_bad_search_sections_are_refused_in_one_line(tmp_path, capsys, search, m
 def test_the_bare_forwards_length_is_the_suites_and_leaves_run_ids_alone(tmp_path, monkeypatch):
     """load.bare_forward_s: the end-of-suite bare forward measures that long per shape; it changes no served
     measurement, so a suite that only shortens it keeps its run ids (resume and compare still match)."""
-    from segserve.bench.run import runner
+    from segserve.bench.run import baselines
     from segserve.bench.run.suite_run import plan_points
     from segserve.bench.suite.spec import LoadSettings
 
     asked = []
-    monkeypatch.setattr(runner, "run_bare", lambda weights, threads, shapes, **kw: asked.append(kw["seconds"]) or [])
+    monkeypatch.setattr(baselines, "run_bare", lambda weights, threads, shapes, **kw: asked.append(kw["seconds"]) or [])
     records = [{"target": "seg", "batch_size": 4, "omp_num_threads": 2}]
-    runner.bare_throughputs(
-        records, ROOT / "weights" / "seg.pt", lambda target, alone: "seg", lambda _: None, LoadSettings(bare_forward_s=0.6)
-    )
-    runner.bare_throughputs(records, ROOT / "weights" / "seg.pt", lambda target, alone: "seg", lambda _: None, LoadSettings())
+    baselines.bare_throughputs(records, ROOT / "weights" / "seg.pt", lambda target: "seg", lambda _: None, LoadSettings(bare_forward_s=0.6))
+    baselines.bare_throughputs(records, ROOT / "weights" / "seg.pt", lambda target: "seg", lambda _: None, LoadSettings())
     assert asked == [0.6, 6.0]
 
     suite = f"targets: [seg]\ninputs: [{{images: ['{SAMPLES}']}}]\nload: {{warmup_s: 0.5EXTRA}}\n"
@@ -331,9 +329,6 @@ def test_the_bare_forwards_length_is_the_suites_and_leaves_run_ids_alone(tmp_pat
 
 
 def test_points_whose_threads_times_workers_exceed_the_cores_are_named_before_measuring(tmp_path):
-    from types import SimpleNamespace
-
-    from segserve.bench.run.runner import Runner
     from segserve.bench.run.suite_run import oversubscribed
 
     path = tmp_path / "suite.yaml"
@@ -348,15 +343,14 @@ def test_points_whose_threads_times_workers_exceed_the_cores_are_named_before_me
     )
     suite = load_suite(path, CATALOG)
     points = plan.expand(suite, CATALOG)
-    runner = Runner(CATALOG, SimpleNamespace(suite=suite), None, [], None)
-    over = {(p.target, threads, workers) for _, threads, workers in oversubscribed(points, runner, 2) for p in points if p.run_id == _}
+    over = {(p.target, threads, workers) for _, threads, workers in oversubscribed(points, CATALOG, 2) for p in points if p.run_id == _}
     # threads 2 with 2 workers of the seg node (the fused model's, the workflow's seg node) on 2 cores; threads 0 never
     assert over == {("seg_jpeg_fused", 2, 2), ("seg_jpeg", 2, 2)}
-    assert oversubscribed(points, runner, 4) == []
+    assert oversubscribed(points, CATALOG, 4) == []
 
 
 def test_rounds_reverse_the_points_every_other_round_and_alternate_two_sides():
-    from segserve.bench.run.runner import round_schedule
+    from segserve.bench.run.rounds import round_schedule
 
     assert [(i, p) for i, p, _ in round_schedule(["x", "y", "z"], 3)] == [
         (0, "x"), (0, "y"), (0, "z"), (1, "z"), (1, "y"), (1, "x"), (2, "x"), (2, "y"), (2, "z"),
@@ -368,7 +362,7 @@ def test_rounds_reverse_the_points_every_other_round_and_alternate_two_sides():
 
 
 def test_the_record_type_declares_every_base_column_and_a_records_own_keys():
-    from segserve.bench.run.runner import record_for
+    from segserve.bench.run.point import record_for
     from segserve.bench.suite.columns import BASE_COLUMNS, Record
 
     declared = set(Record.__annotations__)

@@ -121,7 +121,7 @@ def test_a_disturbed_bare_slice_is_measured_again_and_a_shape_never_left_alone_s
 
 
 def test_a_point_measured_in_rounds_is_the_median_of_its_rounds_with_their_spread_in_its_interval():
-    from segserve.bench.run.runner import combine_rounds
+    from segserve.bench.run.rounds import combine_rounds
 
     def round_(rps, p99, **extra):
         return {"throughput_rps": rps, "latency_p99_ms": p99, "measured_window_throughputs_rps": [rps - 1, rps, rps + 1],

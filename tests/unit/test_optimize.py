@@ -6,7 +6,7 @@ import torch
 
 from handlers import optimize
 from segserve.bench.results.render import status
-from segserve.bench.run.runner import validity
+from segserve.bench.run.point import validity
 from segserve.bench.suite.columns import best
 from segserve.errors import RuntimeFailure
 from segserve.model.accuracy import MAX_IOU_DROP, verdict

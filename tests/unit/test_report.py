@@ -360,7 +360,7 @@ def test_compare_refuses_folders_without_a_point_in_common(tmp_path):
 
 
 def test_a_served_rate_above_the_bare_network_beyond_its_interval_is_suspect_not_a_result():
-    from segserve.bench.run.runner import served_vs_bare as beside
+    from segserve.bench.run.baselines import served_vs_bare as beside
 
     sane = beside([70.0, 72.0, 71.0], [{"slices_ips": [100.0, 104.0, 98.0]}, {"slices_ips": [101.0, 99.0, 103.0]}])
     assert sane["ratio_bare"] == pytest.approx(71.0 / 100.5) and not sane["suspect"]

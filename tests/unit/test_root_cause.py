@@ -2,7 +2,8 @@
 (the record's error_cause itself: tests/system/test_foreign_archives.py, on a real TorchServe)."""
 
 from segserve.bench.results.report import _causes_section
-from segserve.bench.run.runner import Progress, no_request_completed
+from segserve.bench.run.point import no_request_completed
+from segserve.bench.run.progress import Progress
 from segserve.bench.suite.plan import Point
 
 CAUSE = "ValueError: bad ← handler.py:3 ← RuntimeError: gave up ← handler.py:9 ← ts/service.py:135"

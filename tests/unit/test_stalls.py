@@ -15,7 +15,8 @@ from segserve.bench.run import stalls as stalls_module
 from segserve.bench.run.failures import LOG_TIME, failure_line, node_failures
 from segserve.bench.run.load import LoadResult
 from segserve.bench.run.measure import _ChosenWindows
-from segserve.bench.run.runner import Progress, no_request_completed
+from segserve.bench.run.point import no_request_completed
+from segserve.bench.run.progress import Progress
 from segserve.bench.run.stalls import explained, find_stalls, stall_cause, stall_columns
 from segserve.bench.suite.columns import best, satisfies
 from segserve.bench.suite.plan import Point

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from segserve.archives.catalog import Catalog
-from segserve.bench.run.runner import record_for
+from segserve.bench.run.point import record_for
 from segserve.bench.run.suite_run import CollectRun, collect
 from segserve.bench.search import make_strategy, study
 from segserve.bench.suite import plan as planning

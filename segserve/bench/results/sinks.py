@@ -29,7 +29,7 @@ class FinishedRun:
 
     @property
     def constraints(self) -> dict:
-        return {k: v.model_dump(exclude_none=True) for k, v in self.suite.constraints.items()}
+        return self.suite.constraint_bounds
 
 
 class Sink:

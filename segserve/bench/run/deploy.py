@@ -22,7 +22,8 @@ class Deployment:
     def __init__(self, suite: Suite, catalog: Catalog, weights: Path, log=print, env: dict | None = None, port_base: int | None = None):
         self.suite, self.catalog, self.weights, self.log = suite, catalog, weights, log
         self.changes = {"restarts": 0, "registrations": 0, "scales": 0}  # what the points cost (a search reports it)
-        # the bench's own TorchServe: also what bench ab warms, captures answer on and the runner's bare forward reads
+        # the bench's own TorchServe: also what bench ab warms, captures answer on and the baselines use (its
+        # server, compile cache and archive recipe); asked for by that name, not passed through
         self.torchserve = TorchServeTargets(suite, catalog, weights, self.changes, log, env, port_base)
         self.kinds: list[Kind] = [HttpTargets(suite, self.changes), CommandTargets(suite, self.changes, log), self.torchserve]
         self.active: Kind | None = None
@@ -71,31 +72,3 @@ class Deployment:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-    # The bench's TorchServe, for what works on it directly ------------------------------------------------------
-    @property
-    def server(self):
-        return self.torchserve.server
-
-    @property
-    def recipe(self):
-        return self.torchserve.recipe
-
-    @property
-    def compile_env(self) -> dict:
-        return self.torchserve.compile_env
-
-    @property
-    def current_workers(self) -> dict:
-        """Workers per node as the last deploy scaled them ({} after the autoscaler moved them: scale every node)."""
-        return self.torchserve.current_workers
-
-    @current_workers.setter
-    def current_workers(self, workers: dict) -> None:
-        self.torchserve.current_workers = workers
-
-    def ensure_server(self, point: Point) -> None:
-        self.torchserve.ensure_server(point)
-
-    def answers(self, name: str, bodies: tuple[bytes, ...]) -> list[bytes]:
-        return self.torchserve.answers(name, bodies)

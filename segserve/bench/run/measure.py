@@ -14,7 +14,7 @@ from segserve.bench.results.stats import latency_summary, mean_interval, spread,
 from segserve.bench.run.failures import LogMark, attributed, input_names, merged
 from segserve.bench.run.load import LoadResult, LoadSpec
 from segserve.bench.run.load_processes import live_pids, run_load_processes
-from segserve.bench.run.stalls import explained, find_stalls, stall_columns
+from segserve.bench.run.stalls import explained, find_stalls, stall_cause, stall_columns
 from segserve.bench.suite.spec import LoadSettings
 from segserve.errors import RuntimeFailure
 from segserve.machine.disturbance import DisturbanceSampler
@@ -87,10 +87,11 @@ def measure(
     chosen = explained(chosen, stalls)
     measured = result.windows(chosen.used)
     used_rates = _rates(result, chosen.used)  # the windows the numbers come from
+    failures = attributed(measured, input_names(bodies), result, mark, load.timeout_s)
     return {
         **protocol_of(bodies),
         **_windowed_throughput_columns(measured, used_rates),
-        "failures": attributed(measured, input_names(bodies), result, mark, load.timeout_s),
+        "failures": failures,
         **(_server_columns(endpoint, before, after, len(result.status), spec.url) if ours else {}),
         **_client_columns(result, load.client_processes),
         **_window_columns(result, windows, chosen, used_rates, settled.pruned),
@@ -102,6 +103,7 @@ def measure(
         **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(result.status), "_whole_run"),
         **gpu.columns(chosen.used),
         **stall_columns(stalls),
+        "stall_cause": stall_cause(stalls, failures, load.timeout_s),  # and the node whose timeout-ms passed then
     }
 
 
@@ -248,6 +250,7 @@ def measure_phases(
         **(_server_columns(endpoint, before, after, len(everything.status), spec(load.phases[0]).url) if ours else {}),
         **_client_columns(everything, load.client_processes),
         "stable": None,  # phases are measured as they come, not until they settle
+        "stall_cause": None,  # nor looked at for stalls
         "pruned": False,
         "windows": len(phases),
         "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],

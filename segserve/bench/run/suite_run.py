@@ -3,7 +3,6 @@ and the sinks that write what was measured."""
 
 import os
 import platform
-import subprocess
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -15,8 +14,10 @@ from segserve.archives.catalog import Catalog
 from segserve.bench.results.analysis import Pipeline, analyse
 from segserve.bench.results.sinks import Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs
+from segserve.bench.run.baselines import bare_throughputs
 from segserve.bench.run.deploy import Deployment
-from segserve.bench.run.runner import Runner, bare_throughputs
+from segserve.bench.run.point import resolve
+from segserve.bench.run.runner import Runner
 from segserve.bench.run.suite_inputs import SuiteInputs, digest
 from segserve.bench.run.targets.best import Best
 from segserve.bench.search import budget_points, candidates, make_strategy, study
@@ -24,26 +25,7 @@ from segserve.bench.suite import plan as planning
 from segserve.bench.suite.params import node_param, workers_param
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
-from segserve.machine.identity import differences, int8_shortfall, label, machine, machines_of
-
-
-def environment(root: Path) -> dict:
-    from importlib.metadata import version
-
-    sha = _output(["git", "-C", str(root), "rev-parse", "--short", "HEAD"]).strip()
-    dirty = _output(["git", "-C", str(root), "status", "--porcelain"]).strip()
-    java = _output(["java", "-version"], stderr=True).splitlines()
-    bundled = root / "BUNDLE_COMMIT"  # a GPU bundle's project has no .git: the commit it was built from
-    git_sha = (sha or "?") + ("-dirty" if dirty else "") if sha or not bundled.exists() else bundled.read_text().strip()
-    return {
-        **machine(),  # CPU identity and ISA, cores, GPU: what changes which configuration wins
-        "python": platform.python_version(),
-        "torch": version("torch"),
-        "torchvision": version("torchvision"),
-        "torchserve": version("torchserve"),
-        "java": java[0] if java else "?",
-        "git_sha": git_sha,
-    }
+from segserve.machine.identity import differences, environment, int8_shortfall, label, machines_of
 
 
 def check_rounds(suite: Suite, rounds: int, resume: Path | None, storage_url: str | None) -> None:
@@ -62,14 +44,14 @@ def check_rounds(suite: Suite, rounds: int, resume: Path | None, storage_url: st
         raise UsageError(f"--rounds {rounds}: load phases are measured as they come, not in rounds")
 
 
-def warn_about_machine(points, runner: Runner, kept: list[dict], env_info: dict, log) -> None:
+def warn_about_machine(points, catalog: Catalog, kept: list[dict], env_info: dict, log) -> None:
     """Said before measuring: int8 points on a CPU without VNNI or AMX, and kept points (--resume) measured on
     another machine, whose numbers this run's would be mixed with."""
     shortfall = int8_shortfall(env_info.get("cpu_isa"), env_info.get("cpu_vendor"))
-    int8 = [p for p in points if runner.handler_settings(p).get("optimize") == "int8"]
+    int8 = [p for p in points if resolve(p, catalog).handler.get("optimize") == "int8"]
     if int8 and shortfall:
         log(f"warning: {len(int8)} int8 point(s) on this machine: {shortfall}")
-    if over := oversubscribed(points, runner, env_info.get("cpu_cores")):
+    if over := oversubscribed(points, catalog, env_info.get("cpu_cores")):
         example, threads, workers = over[0]
         log(
             f"warning: {len(over)} point(s) ask for more torch threads than this process's {env_info['cpu_cores']} core(s) "
@@ -82,12 +64,12 @@ def warn_about_machine(points, runner: Runner, kept: list[dict], env_info: dict,
         log(f"warning: kept points were measured on {where}; this is {label(env_info)} (start anew to compare like with like)")
 
 
-def oversubscribed(points, runner: Runner, cores: int | None) -> list[tuple[str, int, int]]:
+def oversubscribed(points, catalog: Catalog, cores: int | None) -> list[tuple[str, int, int]]:
     """(run_id, threads, workers) of each point whose weights node sets `threads` explicitly and whose workers of
     that node then run more torch threads than the cores this process may use."""
     found = []
     for point in points:
-        node = runner.weights_node(point.target, alone=False)
+        node = weights_node(catalog, point.target)
         if not cores or node is None:
             continue
         threads = point.params.get(node_param(node, "threads")) or point.params.get("threads") or 0  # as the grid sets it
@@ -97,13 +79,11 @@ def oversubscribed(points, runner: Runner, cores: int | None) -> list[tuple[str,
     return found
 
 
-def _output(command: list[str], stderr: bool = False) -> str:
-    """What a command printed, or "" where it is not installed (a bare GPU machine has no git)."""
-    try:
-        done = subprocess.run(command, capture_output=True, text=True)
-    except OSError:
-        return ""
-    return done.stderr if stderr else done.stdout
+def weights_node(catalog: Catalog, name: str) -> str | None:
+    """The name of the node of a catalog target that carries segserve's weights (seg), None for others."""
+    target = catalog.targets.get(name)
+    node = target.weights_node if target is not None else None
+    return node.name if node is not None else None
 
 
 def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
@@ -111,8 +91,7 @@ def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
     for name in names:
         target = catalog.targets.get(name)
         if target is not None and not target.is_model:
-            weights_node = next((n.name for n in target.nodes if n.model.weights), None)
-            result[name] = Pipeline(target.members, weights_node)
+            result[name] = Pipeline(target.members, weights_node(catalog, name))
     return result
 
 
@@ -134,7 +113,7 @@ def members_of(suite: Suite, catalog: Catalog) -> dict[str, dict[str, str]]:
 def strategy_for(suite: Suite, catalog: Catalog, points: list[planning.Point], storage=None):
     """The suite's search strategy; `storage`: the Optuna storage an optuna search keeps its study in."""
     search = suite.search
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    constraints = suite.constraint_bounds
     return make_strategy(search, points, members_of(suite, catalog), suite.objectives, constraints, storage, suite.name)
 
 
@@ -228,8 +207,8 @@ def run_suite(run: SuiteRun, log=print) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     # as written, but no URL's credentials (an archive's user:password, a presigned query): results get exported
     (out_dir / "suite.yaml").write_text(masked_text(run.suite_path.read_text()))
-    records, runner, sinks, env_info = _measure(run, prepared, out_dir, log)
-    return _finish(run, prepared, out_dir, records, runner, sinks, env_info, log)
+    records, changes, sinks, env_info = _measure(run, prepared, out_dir, log)
+    return _finish(run, prepared, out_dir, records, changes, sinks, env_info, log)
 
 
 def _strategy(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
@@ -250,7 +229,8 @@ def _strategy(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
 
 
 def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
-    """The points measured, each record handed to the sinks as it comes: (records, runner, sinks, environment)."""
+    """The points measured, each record handed to the sinks as it comes: (records, what the points cost the
+    deployment (restarts, registrations, scales), sinks, environment)."""
     suite, catalog, points, parts = run.suite, run.catalog, prepared.points, prepared.parts
     env_info = environment(ROOT)  # segserve's own checkout: the code that measured, wherever the suite runs from
     strategy = _strategy(run, prepared, out_dir, log)
@@ -271,42 +251,44 @@ def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
     # its servers stop as the measuring ends: the analysis, the sinks and the profile run on a quiet machine
     with Deployment(suite, catalog, run.weights, log, port_base=run.port_base) as deployment:
-        prepared.inputs.capture = deployment.answers
+        prepared.inputs.capture = deployment.torchserve.answers
         runner = Runner(catalog, deployment, strategy, sinks, prepared.inputs.bodies_for, log)
-        warn_about_machine(points, runner, kept, env_info, log)
+        warn_about_machine(points, catalog, kept, env_info, log)
 
         def base(point) -> dict:
             record = {"environment": env_info, "setup": parts[point.target], "measured_by": measured_by}
             return record | deployment.kind_of(point.target).record_keys(point.target)
 
         records = runner.run_rounds(run.rounds, base) if run.rounds > 1 else runner.run(done, base)
-    return records, runner, sinks, env_info
+    return records, deployment.changes, sinks, env_info
 
 
-def _finish(run: SuiteRun, prepared: Prepared, out_dir: Path, records: list[dict], runner: Runner, sinks, env_info: dict, log) -> Path:
-    """The analysis of the records, every sink's last word (report, plots, best/, exports), and the profile."""
+def _finish(run: SuiteRun, prepared: Prepared, out_dir: Path, records: list[dict], changes: dict, sinks, env_info: dict, log) -> Path:
+    """The bare forward at the suite's end, the analysis and every sink's last word (report, plots, best/,
+    exports), and the profile."""
     suite, catalog, points = run.suite, run.catalog, prepared.points
-    bare = bare_throughputs(records, run.weights, runner.weights_node, log, suite.load)
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    analysis = analyse(records, constraints, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
-    space, allowed = search_budget(suite, catalog, points)
-    pruned = sum(1 for r in records if r.get("pruned"))
-    search = {
-        "strategy": suite.search.strategy,
-        "budget": allowed,
-        "candidates": space,
-        "measured": len(records),
-        "pruned": pruned,
-        **runner.deployment.changes,
-    }
-    finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, search)
-    for sink in sinks:
-        sink.finish(finished)
+    bare = bare_throughputs(records, run.weights, lambda name: weights_node(catalog, name), log, suite.load)
+    finish_run(out_dir, suite, catalog, points, records, bare, env_info, sinks, changes)
     if suite.profile == "best":
         profile_best(suite, catalog, run.weights, records, points, prepared.inputs, out_dir, run.port_base, log)
     if records and all(r.get("error") for r in records):  # written down, but not a measurement: exit 1, not 0
         raise RuntimeFailure(f"every point of this run failed (the first: {records[0]['error']}); results: {out_dir}")
     return out_dir
+
+
+def finish_run(
+    out_dir: Path, suite: Suite, catalog: Catalog, points, records: list[dict], bare: list[dict], env_info: dict, sinks, search: dict
+) -> None:
+    """The end of a run, written once for `bench` and `bench collect`: the records analysed (constraints,
+    objectives, pipelines' efficiency against `bare`, the bare forward's entries), what the search did (`search`:
+    beside the strategy, its budget and counts), and every sink's last word."""
+    analysis = analyse(records, suite.constraint_bounds, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
+    space, allowed = search_budget(suite, catalog, points)
+    pruned = sum(1 for r in records if r.get("pruned"))
+    searched = {"strategy": suite.search.strategy, "budget": allowed, "candidates": space, "measured": len(records), "pruned": pruned}
+    finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, searched | search)
+    for sink in sinks:
+        sink.finish(finished)
 
 
 def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], points: list, inputs, out_dir: Path, port_base, log) -> None:
@@ -315,7 +297,7 @@ def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], po
     it, py-spy on the Python ones); each profile's summary is appended to report.md."""
     from segserve.bench.suite.columns import best
 
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
+    constraints = suite.constraint_bounds
     kinds = (("the best point", catalog.targets), ("the best command target", suite.command_targets))
     for what, targets in kinds:
         winner = best([r for r in records if r.get("target") in targets], constraints, suite.objective)
@@ -339,14 +321,14 @@ def _profile_point(suite, catalog: Catalog, weights: Path, point, inputs, out_di
     from segserve.bench.run.load import LoadSpec
 
     with Deployment(suite, catalog, weights, log, port_base=port_base) as deployment:
-        inputs.capture = deployment.answers
+        inputs.capture = deployment.torchserve.answers
         bodies = inputs.bodies_for(point.target)  # before the deploy: a member's capture releases what is registered
         endpoint = deployment.deploy(point)
         connections = point.params.get("concurrency") or 8
         seconds, out = suite.profile_seconds, out_dir / "profile"
         warm_s = suite.load.warmup_s + suite.load.fresh_workers_warmup_s  # a server started for the profile: fresh
         if point.target in catalog.targets:
-            server = deployment.server
+            server = deployment.torchserve.server
             target = catalog.targets[point.target]
             return profiler.profile(server, target, server.run_dir, seconds, out, bodies, connections, 100, log, warm_s)
         spec = LoadSpec(endpoint.url, endpoint.path, bodies, endpoint.token, connections, headers=endpoint.headers)
@@ -402,26 +384,12 @@ def collect(run: CollectRun, log=print) -> Path:
     by_process = dict(Counter(record.get("measured_by", "?") for record in records))
     measured = [t.user_attrs["record"]["run_id"] for t in found.get_trials(deepcopy=False) if "record" in t.user_attrs]
     duplicates = len(measured) - len(set(measured))
-    constraints = {k: v.model_dump(exclude_none=True) for k, v in suite.constraints.items()}
-    analysis = analyse(records, constraints, suite.objective, [], pipelines(catalog, suite.target_names), suite.objectives)
-    space, allowed = search_budget(suite, catalog, points)
-    search = {
-        "strategy": suite.search.strategy,
-        "budget": allowed,
-        "candidates": space,
-        "measured": len(records),
-        "pruned": sum(1 for r in records if r.get("pruned")),
-        "by_process": by_process,
-        "duplicates": duplicates,
-    }
     sinks = [RunsFolder(out_dir), Summary(), Report(), Plots(), Best(catalog)]
     for record in records:
         for sink in sinks:
             sink.add(record)
-    environment_info = records[0].get("environment", {})
-    finished = FinishedRun(out_dir, suite, records, planning.swept(points), [], analysis, environment_info, search)
-    for sink in sinks:
-        sink.finish(finished)
+    measured_by = {"by_process": by_process, "duplicates": duplicates}
+    finish_run(out_dir, suite, catalog, points, records, [], records[0].get("environment", {}), sinks, measured_by)
     processes = ", ".join(f"{who}: {count}" for who, count in sorted(by_process.items()))
     log(
         f"collected {len(records)} point(s) of study {name!r} from {len(by_process)} process(es) ({processes}); {duplicates} measured twice"

@@ -292,6 +292,11 @@ class Suite(Strict):
         return targets
 
     @property
+    def constraint_bounds(self) -> dict[str, dict]:
+        """The constraints as plain bounds ({metric: {min, max}}, unset ends left out): what the analysis reads."""
+        return {k: v.model_dump(exclude_none=True) for k, v in self.constraints.items()}
+
+    @property
     def objectives(self) -> list[str]:
         return self.search.objectives or [self.objective]
 
