@@ -131,7 +131,7 @@ class SuiteInputs:
             dag = self.catalog.dags[target.dag]
             files |= {dag.spec_path, dag.fused_config}
         recipe = [path.read_bytes() for path in sorted(files) if path.exists()]
-        if any(node.model.weights for node in target.nodes):
+        if target.weights_node is not None:
             recipe.append(self.weightsdigest())
         return {**parts, "recipe": digest(*recipe), "server": digest(*server)}
 

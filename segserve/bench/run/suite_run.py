@@ -145,7 +145,7 @@ def plan_points(suite: Suite, catalog: Catalog, weights: Path) -> list[planning.
 
 def carries_weights(suite: Suite, catalog: Catalog) -> bool:
     """Whether a target of the suite is built from segserve's weights (archive and http targets are not)."""
-    return any(node.model.weights for name in suite.target_names if name in catalog.targets for node in catalog.targets[name].nodes)
+    return any(weights_node(catalog, name) for name in suite.target_names)
 
 
 def check_storage(suite: Suite, storage_url: str | None) -> None:
