@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from segserve import ROOT
@@ -168,8 +169,11 @@ def build_bundle(out: Path, log=print) -> int:
     with tempfile.TemporaryDirectory(dir=out.parent) as scratch:
         payload = Path(scratch)
         copy_project(payload / "project", log)
-        download_wheels(payload / "wheels", log)
-        cut_jre(payload / "jre", log)
+        # jlink (4 s of CPU) while the pips wait on the index: 4 s less than one after the other
+        with ThreadPoolExecutor(1) as jlink:
+            jre = jlink.submit(cut_jre, payload / "jre", log)
+            download_wheels(payload / "wheels", log)
+            jre.result()
         log("payload.tar.xz: compressing")
         tar = subprocess.Popen(["tar", "-C", str(payload), "-cf", "-", "project", "wheels", "jre"], stdout=subprocess.PIPE)
         with open(out / "payload.tar.xz", "wb") as sink:
