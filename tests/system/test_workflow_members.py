@@ -7,6 +7,8 @@ import json
 import re
 import textwrap
 
+import pytest
+
 from segserve.bench.results.store import read_pipelines
 from tests.system.test_foreign_archives import bench, model_archive, workflow_archive
 
@@ -71,6 +73,11 @@ def handle(data, context):
 """
 
 
+# long: a server of its own, three archives built, three points measured (21-25 s of make test on 2 cores). make
+# test checks its parts: the rows the DAG sends each member (tests/unit/test_foreign.py), a refused row handed on and
+# a failed one left out (tests/unit/test_member_capture.py), a join's named inputs over gRPC
+# (tests/unit/test_grpc_named_inputs.py), a war's members on a real TorchServe (tests/system/test_foreign_archives.py).
+@pytest.mark.long
 def test_a_join_workflows_members_are_measured_on_what_the_workflow_sends_them(tmp_path, monkeypatch, capsys):
     user = tmp_path / "user"
     user.mkdir()
