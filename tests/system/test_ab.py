@@ -11,6 +11,8 @@ from tests.conftest import ROOT
 
 
 def write_suite(tmp_path):
+    # max_others_share 1.0: beside make test's other process every window and bare-forward slice counts as disturbed
+    # and is measured again (up to max_windows more), in each round of each side: seconds that nothing here reads
     suite = tmp_path / "ab.yaml"
     suite.write_text(
         textwrap.dedent(
@@ -18,7 +20,8 @@ def write_suite(tmp_path):
             targets: [jpeg]
             inputs: [{{images: ["{ROOT / "samples" / "shapes_0.jpg"}"]}}]
             grid: {{archive: {{batch_size: [4]}}, load: {{concurrency: [2]}}}}
-            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6}}
+            load: {{warmup_s: 0.5, window_s: 1.0, stable_windows: 2, max_windows: 3, stability_tolerance: 0.5, bare_forward_s: 0.6,
+                    max_others_share: 1.0}}
             """
         )
     )
