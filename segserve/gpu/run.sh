@@ -33,10 +33,6 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$PWD/gpu_out}
 # the interpreter by its path: once the bundle's venv is first on PATH, "python3" would name that venv
 PYTHON=$(command -v "${PYTHON:-python3}") || { echo "run.sh: no ${PYTHON:-python3} on PATH (set PYTHON)" >&2; exit 2; }
-"$PYTHON" -c "import torch, torchvision" 2> /dev/null || {
-  echo "run.sh: $PYTHON has no torch and torchvision: set PYTHON to an interpreter that has them (here: PYTHON=.venv/bin/python)" >&2
-  exit 2
-}
 # the whole run must end inside the device tool's 10-minute call: steps get what is left, the summary its own minute
 DEADLINE=$(( $(date +%s) + ${DEADLINE_S:-480} ))
 SUMMARY_S=60
@@ -51,6 +47,11 @@ if [ -n "$STEPS" ]; then
     exit 2
   }
 fi
+# after the cheap checks: importing torch takes seconds
+"$PYTHON" -c "import torch, torchvision" 2> /dev/null || {
+  echo "run.sh: $PYTHON has no torch and torchvision: set PYTHON to an interpreter that has them (here: PYTHON=.venv/bin/python)" >&2
+  exit 2
+}
 WORK=${WORK:-$(mktemp -d /tmp/segserve-gpu.XXXXXX)}
 mkdir -p "$OUT" "$WORK/logs"
 OUT=$(cd "$OUT" && pwd)
