@@ -272,7 +272,7 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
               - {name: needsdep, archive: needsdep.mar}
             inputs: [{tensor: {dtype: float32, shape: [3, 32, 32]}}]
             grid: {load: {concurrency: [2]}}
-            load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 2, stability_tolerance: 0.9}
+            load: {warmup_s: 0.3, window_s: 0.5, stable_windows: 2, max_windows: 2, stability_tolerance: 0.9, max_others_share: 1.0}
             """
         ),
         capsys,
@@ -400,7 +400,8 @@ def test_archives_at_urls_are_fetched_and_benchmarked_and_one_that_does_not_answ
                   - {{name: from_s3, archive: "s3://models/v1/pipeline.war"}}
                 inputs: [{{tensor: {{dtype: float32, shape: [3, 32, 32], count: 2}}}}]
                 grid: {{archive: {{batch_size: [2]}}, load: {{concurrency: [2]}}}}
-                load: {{warmup_s: 0.3, fresh_workers_warmup_s: 1.0, window_s: 0.5, stable_windows: 2, max_windows: 3}}
+                load: {{warmup_s: 0.3, fresh_workers_warmup_s: 1.0, window_s: 0.5, stable_windows: 2, max_windows: 3,
+                       max_others_share: 1.0}}
                 """
             ),
             capsys,
