@@ -14,6 +14,7 @@ from segserve.cli import main
 from segserve.errors import RuntimeFailure
 from segserve.serving import processes
 from segserve.serving.server import TorchServe
+from segserve.serving.ts_config import free_port_base, release_ports
 from tests.conftest import ROOT, TEST_VMARGS
 
 CONFIG = ROOT / "config.properties"
@@ -163,8 +164,11 @@ def test_a_port_taken_while_torchserve_starts_is_one_line(tmp_path, monkeypatch)
             real_check(self)
 
     monkeypatch.setattr(TorchServe, "_check_ports", check_after_the_first)
+    # five ports outside the kernel's ephemeral range, claimed by this process: the others stay free for the server
+    # (a port beside one bound to 0 was once another process's outgoing connection: the inference port was taken)
+    base = free_port_base(5)
     with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
+        holder.bind(("127.0.0.1", base + 1))
         holder.listen()
         port = holder.getsockname()[1]
         server = TorchServe(tmp_path / "run", tmp_path, CONFIG, port_base=port - 1)  # the management port is taken
@@ -173,6 +177,7 @@ def test_a_port_taken_while_torchserve_starts_is_one_line(tmp_path, monkeypatch)
                 server.start(log=lambda _: None)
         finally:
             server.stop()
+            release_ports(range(base, base + 5))
     assert len(checks) == 2  # TorchServe started, failed, and the failure was checked again
     assert str(failure.value) == (
         f"port {port} (management_address in {server.config_path}) is taken by {processes.describe_pid(os.getpid())}: "
