@@ -164,9 +164,10 @@ def _measure_in_turn(ab: AbRun, sides: dict[str, Deployment], points: list, bodi
     """Every point on A and on B in turn, round after round (rounds.in_rounds: A B, B A, …, the points reversed
     every other round, fresh workers on both sides each round); {(run_id, side): each round's record}."""
     units = {name: PointMeasurement(deployment, ab.suite.load, bodies.bodies_for) for name, deployment in sides.items()}
+    resolved = {(point.run_id, name): resolve(point, sides[name].catalog) for point in points for name in sides}  # once
 
     def measure(point, name: str) -> dict:
-        record = units[name].measure(resolve(point, sides[name].catalog))
+        record = units[name].measure(resolved[(point.run_id, name)])
         if record["error"]:  # a side that cannot be measured leaves nothing to compare
             raise RuntimeFailure(f"{point.run_id} on {name.upper()}: {record['error']}")
         cost = record.get("server_cpu_ms_per_request")

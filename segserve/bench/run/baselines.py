@@ -62,7 +62,7 @@ class AccuracyGate:
         variant = point.variant
         if variant is None or (variant.get("optimize") or "eager", variant.get("precision") or "fp32") == ("eager", "fp32"):
             return
-        key = json.dumps([variant, point.python], sort_keys=True, default=str)
+        key = _variant_key(point)
         if key in self.scores:
             return
         threads, _ = bare_shape(point.params, point.weights_node)
@@ -75,7 +75,12 @@ class AccuracyGate:
         self.log(f"accuracy of {variant.get('optimize')}/{variant.get('precision')}: {self.scores[key]}")
 
     def finish(self, point: ResolvedPoint, metrics: dict | None) -> dict:
-        return self.scores.get(json.dumps([point.variant, point.python], sort_keys=True, default=str), {})
+        return self.scores.get(_variant_key(point), {})
+
+
+def _variant_key(point: ResolvedPoint) -> str:
+    """What the accuracy of a point's network is scored once for: its variant and the Python that runs it."""
+    return json.dumps([point.variant, point.python], sort_keys=True, default=str)
 
 
 class AutoscalerBeside:

@@ -46,7 +46,11 @@ def stall_threshold_s(result: LoadResult, window_s: float) -> float:
 
 def stall_columns(stalls: list[dict]) -> dict:
     """The record's: `stalled`, `stalled_s` (the stalls' seconds together) and each stall."""
-    return {"stalled": bool(stalls), "stalled_s": round(sum(s["to_s"] - s["from_s"] for s in stalls), 1), "stalls": stalls}
+    return {"stalled": bool(stalls), "stalled_s": round(_stalled_s(stalls), 1), "stalls": stalls}
+
+
+def _stalled_s(stalls: list[dict]) -> float:
+    return sum(s["to_s"] - s["from_s"] for s in stalls)
 
 
 def explained(chosen, stalls: list[dict]):
@@ -68,7 +72,7 @@ def stall_cause(stalls: list[dict] | None, failures: dict | None, timeout_s: flo
     ended, that node and what a user does about it; None for a point that did not stall."""
     if not stalls:
         return None
-    lost_s = sum(s["to_s"] - s["from_s"] for s in stalls)
+    lost_s = _stalled_s(stalls)
     spans = ", ".join(f"{s['from_s']:.1f}–{s['to_s']:.1f} s ({s['in_flight']} waiting)" for s in stalls)
     what = f"stalled {lost_s:.0f} s: requests in flight and none completed at {spans} of the load"
     nodes = _timed_out_nodes(stalls, (failures or {}).get("by_node") or {})
