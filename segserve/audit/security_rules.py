@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from segserve.audit.config_file import Setting
+from segserve.audit.java_properties import parse_boolean
 
 SEVERITIES = ("High", "Medium", "Low")
 NO_URL = "^(?!)$"  # a pattern no URL matches: archives are registered by file name from the model store only
@@ -35,10 +36,6 @@ def loopback(address: str) -> str:
         return "127.0.0.1"
     parts = urlsplit(address)
     return f"{parts.scheme}://127.0.0.1" + (f":{parts.port}" if parts.port else "")
-
-
-def is_true(value: str) -> bool:
-    return value.strip().lower() == "true"  # Java's Boolean.parseBoolean
 
 
 def lets_any_url_through(allowed_urls: str) -> bool:
@@ -91,24 +88,25 @@ RULES = (
     ),
     Rule(
         "disable_token_authorization",
-        lambda v, _: is_true(v),
+        lambda v, _: parse_boolean(v),
         "High",
         "token authorization is off: whoever reaches a port manages and calls the models",
         "disable_token_authorization=false",
     ),
     Rule(
         "answers_without_token",
-        lambda v, c: is_true(v) and not is_true(c["disable_token_authorization"]),
+        lambda v, c: parse_boolean(v) and not parse_boolean(c["disable_token_authorization"]),
         "High",
         "the server answered GET /models without a token, whatever this file says: start it without --disable-token-auth",
         "disable_token_authorization=false",
     ),
-    Rule(
+    Rule(  # POST /workflows fetches by URL whether the model API is on or off (WorkflowMgmtRequestHandler)
         "allowed_urls",
-        lambda v, c: lets_any_url_through(v) and is_true(c["enable_model_api"]),
+        lambda v, _: lets_any_url_through(v),
         "High",
-        "with the model API on, a registration fetches an archive from any URL, and an archive runs its own Python "
-        "(CVE-2023-43654, ShellTorch's SSRF: 0.8.2's fix is this key)",
+        "a registration fetches an archive from any URL, and an archive runs its own Python: POST /workflows always "
+        "(the model API does not gate it), POST /models with the model API on (CVE-2023-43654, ShellTorch's SSRF: "
+        "0.8.2's fix is this key)",
         f"allowed_urls={NO_URL}",
     ),
     Rule(
@@ -135,14 +133,14 @@ RULES = (
     ),
     Rule(
         "enable_model_api",
-        lambda v, _: is_true(v),
+        lambda v, _: parse_boolean(v),
         "Medium",
         "the model API is on: the management API registers and deletes models (default off; load_models registers at start without it)",
         "enable_model_api=false",
     ),
     Rule(
         "install_py_dep_per_model",
-        lambda v, _: is_true(v),
+        lambda v, _: parse_boolean(v),
         "Medium",
         "an archive's requirements are pip-installed at registration: each package's own code runs with the server's rights",
         "install_py_dep_per_model=false",
@@ -162,13 +160,6 @@ RULES = (
         "the metrics API answers beyond this host (model names, workers, memory)",
         "metrics_address={loopback}",
     ),
-    Rule(
-        "allowed_urls",
-        lambda v, c: lets_any_url_through(v) and not is_true(c["enable_model_api"]),
-        "Low",
-        "allowed_urls lets any URL through (TorchServe's default), dormant while the model API is off",
-        f"allowed_urls={NO_URL}",
-    ),
 )
 
 
@@ -176,7 +167,9 @@ RULES = (
 class Finding:
     severity: str
     key: str
-    line: int | str  # the file's line; "default" (the key is absent); "server" or "installed" (not from the file)
+    # the file's line; "default" (the key is absent); "server" or "installed" (not from the file); or the TS_*
+    # environment variable that set it (enable_envvars_config=true)
+    line: int | str
     rule: str
     fix: str
 
@@ -188,6 +181,13 @@ def audit(config: dict[str, Setting], observed: dict[str, str], source: str) -> 
     findings = []
     for rule in RULES:
         if rule.key in values and rule.breaks(values[rule.key], values):
-            line = source if rule.key in observed else (config[rule.key].line or "default")
-            findings.append(Finding(rule.severity, rule.key, line, rule.message, rule.fix.format(loopback=loopback(values[rule.key]))))
+            fix = rule.fix.format(loopback=loopback(values[rule.key]))
+            setting = config.get(rule.key)
+            if rule.key in observed:
+                line = source
+            elif setting.variable:  # the variable overrides the file's line: the fix goes where the value came from
+                line, fix = setting.variable, fix.replace(f"{rule.key}=", f"{setting.variable}=", 1)
+            else:
+                line = setting.line or "default"
+            findings.append(Finding(rule.severity, rule.key, line, rule.message, fix))
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))

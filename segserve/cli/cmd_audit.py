@@ -2,6 +2,7 @@
 against the security rules of docs/security.md. Exit 1 on a High finding."""
 
 import json
+import os
 from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
@@ -29,7 +30,7 @@ def run(args) -> int:
 
     if args.token_file and not args.management:
         raise UsageError("--token-file goes with --management URL (the server the keys are for)")
-    config = read_config(Path(args.config))
+    config = read_config(Path(args.config), os.environ)  # TorchServe reads $$NAME$$ and TS_* from its environment
     models = None
     if args.management:
         view = live.observe(args.management, Path(args.token_file) if args.token_file else None)
@@ -48,7 +49,7 @@ def run(args) -> int:
         total = ", ".join(f"{n} {severity}" for severity, n in counts.items())
         print(f"{args.config}: TorchServe {version or 'of unknown version'} ({where}){served}; {len(findings)} finding(s): {total}")
         for finding in findings:
-            place = f"line {finding.line}" if isinstance(finding.line, int) else PLACES[finding.line]
+            place = f"line {finding.line}" if isinstance(finding.line, int) else PLACES.get(finding.line, f"environment {finding.line}")
             print(f"{finding.severity:6s}  {finding.key} ({place}): {finding.rule}\n        fix: {finding.fix}")
     return 1 if counts["High"] else 0
 

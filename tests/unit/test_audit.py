@@ -1,10 +1,16 @@
 """`segserve audit` (#58): each rule fires on a config that breaks it and not on the repository's, the exit codes,
 --json, the live check against a stand-in for TorchServe's management API, and docs/security.md's outputs."""
 
+import contextlib
 import json
+import os
 import re
 import shlex
+import socket
+import subprocess
+import sys
 import threading
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -20,7 +26,7 @@ BREAKING = [
     (["grpc_management_address=0.0.0.0"], {}, "grpc_management_address", "High", "gRPC management"),
     (["disable_token_authorization=TRUE"], {}, "disable_token_authorization", "High", "token authorization is off"),
     ([], {"answers_without_token": "true"}, "answers_without_token", "High", "without a token"),
-    (["enable_model_api=true", "allowed_urls=.*"], {}, "allowed_urls", "High", "CVE-2023-43654"),
+    (["allowed_urls=.*"], {}, "allowed_urls", "High", "POST /workflows always"),  # the model API off: workflows
     ([], {"version": "0.8.1"}, "version", "High", "before 0.8.2"),
     ([], {"version": "0.11.0"}, "version", "High", "before 0.11.1"),
     (["grpc_inference_address=::"], {}, "grpc_inference_address", "Medium", "CVE-2025-55163"),
@@ -29,14 +35,13 @@ BREAKING = [
     ([], {"version": "0.12.0"}, "version", "Medium", "archived"),
     (["inference_address=https://my-host.example:8443"], {}, "inference_address", "Low", "inference API"),
     (["metrics_address=http://10.0.0.5:8082"], {}, "metrics_address", "Low", "metrics API"),
-    ([], {}, "allowed_urls", "Low", "dormant"),  # TorchServe's default allowed_urls, the model API off
 ]
 
 
 def findings_of(tmp_path, lines: list[str], observed: dict[str, str]):
     path = tmp_path / "config.properties"
     path.write_text("".join(f"{line}\n" for line in lines))
-    return audit(read_config(path), observed, "server")
+    return audit(read_config(path, {}), observed, "server")
 
 
 @pytest.mark.parametrize(("lines", "observed", "key", "severity", "says"), BREAKING)
@@ -47,10 +52,16 @@ def test_each_rule_fires_on_a_config_that_breaks_it_and_its_fix_mends_it(tmp_pat
         assert (severity, key) not in {(f.severity, f.key) for f in findings_of(tmp_path, [*lines, found[0].fix], observed)}
 
 
+def test_allowed_urls_is_high_with_the_model_api_off_because_post_workflows_fetches_by_url(tmp_path):
+    (found,) = [f for f in findings_of(tmp_path, [], {}) if f.key == "allowed_urls"]  # TorchServe's defaults
+    assert found.severity == "High" and "POST /workflows always (the model API does not gate it)" in found.rule
+    assert not [r for r in RULES if "dormant" in r.message]
+
+
 def test_every_rule_has_a_breaking_case_and_the_repositorys_file_breaks_only_the_model_api():
     assert sorted((r.severity, r.key) for r in RULES) == sorted((severity, key) for *_, key, severity, _ in BREAKING)
     # segserve registers archives through the management API: the model API stays on, with the token and no URL
-    found = audit(read_config(ROOT / "config.properties"), {"answers_without_token": "false"}, "server")
+    found = audit(read_config(ROOT / "config.properties", {}), {"answers_without_token": "false"}, "server")
     assert [(f.severity, f.key, f.line) for f in found] == [("Medium", "enable_model_api", 24)]
 
 
@@ -99,15 +110,15 @@ def test_allowed_urls_is_wide_when_one_pattern_lets_an_arbitrary_url_through(all
 
 
 def test_exit_status_is_1_on_a_high_finding_0_otherwise_2_on_usage_errors(tmp_path, capsys):
-    shelltorch, stock = tmp_path / "shelltorch.properties", tmp_path / "empty.properties"
+    shelltorch, locked = tmp_path / "shelltorch.properties", tmp_path / "locked.properties"
     shelltorch.write_text("management_address=http://0.0.0.0:8081\n")
-    stock.write_text("")
+    locked.write_text("allowed_urls=^(?!)$\n")
     assert main(["audit", str(shelltorch)]) == 1
-    assert main(["audit", str(stock)]) == 0
+    assert main(["audit", str(locked)]) == 0
     capsys.readouterr()
     assert main(["audit", str(tmp_path / "missing.properties")]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path / 'missing.properties'}: no such file")
-    assert main(["audit", str(stock), "--token-file", str(tmp_path / "key_file.json")]) == 2
+    assert main(["audit", str(locked), "--token-file", str(tmp_path / "key_file.json")]) == 2
 
 
 def test_json_holds_every_finding_with_its_line_and_fix(capsys):
@@ -123,10 +134,15 @@ def test_json_holds_every_finding_with_its_line_and_fix(capsys):
 class StandIn(BaseHTTPRequestHandler):
     """TorchServe 0.12's management API as the audit sees it: /api-description before the token check, /models after."""
 
-    version, key, tokenless = "0.12.0", "M-key", False
+    version, key, tokenless, redirect_to = "0.12.0", "M-key", False, None
 
     def do_GET(self):  # noqa: N802 (http.server's name)
-        if self.path == "/api-description":
+        if self.redirect_to and self.path.startswith("/models"):
+            self.send_response(302)
+            self.send_header("Location", f"{self.redirect_to}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/api-description":
             self.answer(200, {"openapi": "3.0.1", "info": {"title": "TorchServe APIs", "version": self.version}})
         elif self.path.startswith("/models") and (self.tokenless or self.headers.get("Authorization") == f"Bearer {self.key}"):
             self.answer(200, {"models": [{"modelName": "seg", "modelUrl": "seg.mar"}]})
@@ -144,9 +160,20 @@ class StandIn(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def stand_in():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+class Elsewhere(StandIn):
+    """Another address (a redirect's target, a proxy): it answers as the server would, and keeps what it was sent."""
+
+    seen: list[tuple[str, str | None]] = []
+    redirect_to = None
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        Elsewhere.seen.append((self.path, self.headers.get("Authorization")))
+        super().do_GET()
+
+
+@contextlib.contextmanager
+def serving(handler):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -154,7 +181,22 @@ def stand_in():
     finally:
         server.shutdown()
         server.server_close()
-        StandIn.version, StandIn.tokenless = "0.12.0", False
+
+
+@pytest.fixture
+def stand_in():
+    with serving(StandIn) as server:
+        try:
+            yield server
+        finally:
+            StandIn.version, StandIn.tokenless, StandIn.redirect_to = "0.12.0", False, None
+
+
+@pytest.fixture
+def elsewhere():
+    Elsewhere.seen = []
+    with serving(Elsewhere) as server:
+        yield f"http://127.0.0.1:{server.server_port}"
 
 
 def test_the_live_check_reads_the_servers_version_models_and_tokenless_answer(stand_in, tmp_path, capsys):
@@ -177,6 +219,55 @@ def test_the_live_check_reads_the_servers_version_models_and_tokenless_answer(st
     key_file.write_text(json.dumps({"management": {"key": "old"}}))
     assert main(["audit", config, "--management", url, "--token-file", str(key_file)]) == 1  # refused: a runtime failure
     assert "refused its management key (400)" in capsys.readouterr().err
+
+
+@pytest.fixture
+def key_file(tmp_path):
+    path = tmp_path / "key_file.json"
+    path.write_text(json.dumps({"management": {"key": "M-key"}}))
+    return str(path)
+
+
+def test_the_live_check_follows_no_redirect_so_the_key_stays_with_the_server(stand_in, elsewhere, key_file, capsys):
+    StandIn.redirect_to = elsewhere  # /models answers 302 to another server
+    url = f"http://127.0.0.1:{stand_in.server_port}"
+    assert main(["audit", str(ROOT / "config.properties"), "--management", url, "--token-file", key_file]) == 1
+    assert "GET /models answered 302, a redirect: the audit follows none" in capsys.readouterr().err
+    assert Elsewhere.seen == []
+
+
+def test_the_live_check_takes_no_proxy_from_the_environment(stand_in, elsewhere, key_file, capsys, monkeypatch):
+    for name in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("http_proxy", elsewhere)
+    monkeypatch.setattr(urllib.request, "_opener", None)  # as in a fresh process: urlopen's opener reads them once
+    url = f"http://127.0.0.1:{stand_in.server_port}"
+    assert main(["audit", str(ROOT / "config.properties"), "--management", url, "--token-file", key_file]) == 0
+    assert Elsewhere.seen == []
+
+
+def test_the_key_goes_over_plain_http_to_this_host_only(key_file, capsys, monkeypatch):
+    def no_connection(address, *args, **kwargs):
+        raise AssertionError(f"the audit connected to {address}")
+
+    monkeypatch.setattr(socket, "create_connection", no_connection)
+    config = str(ROOT / "config.properties")
+    assert main(["audit", config, "--management", "http://192.0.2.7:8081", "--token-file", key_file]) == 2
+    assert "the management key would cross the network unencrypted" in capsys.readouterr().err
+    assert main(["audit", config, "--management", "file:///etc/passwd"]) == 2
+    assert "not an http:// or https:// address" in capsys.readouterr().err
+
+
+def test_a_reader_that_closes_early_ends_the_command_quietly():
+    """`segserve audit … | head`: no BrokenPipeError traceback, the exit status of a command SIGPIPE ends."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: every write meets a broken pipe
+    try:
+        command = [sys.executable, "-m", "segserve.cli", "audit", "samples/shelltorch.properties"]
+        done = subprocess.run(command, cwd=ROOT, stdout=write_end, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr.decode()) == (141, "")
 
 
 def test_a_server_that_does_not_answer_is_a_runtime_failure(capsys):
