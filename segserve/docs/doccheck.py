@@ -103,6 +103,11 @@ RULES: list[tuple[str, str, str]] = [
         "tests/unit/test_manifests.py::test_the_inference_service_round_trips_through_kserves_models",
     ),
     (
+        r"^kubectl exec deploy/\S+ -c torchserve -- python3 -c ",
+        "test",
+        "tests/unit/test_manifest_access.py::test_the_documented_command_prints_the_inference_key_and_nothing_else",
+    ),
+    (
         r"^segserve build --upload s3://",
         "test",
         "tests/integration/test_archive_store.py::test_upload_and_fetch_send_and_download_only_what_changed",

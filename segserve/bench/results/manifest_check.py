@@ -5,17 +5,20 @@ the oldest and the newest Kubernetes minor that kubernetes-validate (PyPI) ships
 (best/kserve.yaml): against the `openAPIV3Schema` of KServe's CRD (kserve/, with its source and license), made strict
 as `kubectl apply --validate=strict` is (a field the schema does not name is refused, except below
 `x-kubernetes-preserve-unknown-fields`), its metadata against Kubernetes' ObjectMeta; and the ServingRuntime it
-relies on (kserve-torchserve) must offer its model format and protocol version.
+relies on (kserve-torchserve) must offer its model format and protocol version. Its Istio AuthorizationPolicy: against
+the `openAPIV3Schema` of Istio's CRD (istio/, with its source and license), strict the same way (#64).
 
 And what a cluster would let through but segserve does not write (#58): a pod that breaks the Pod Security Standards'
 "restricted" profile (runAsNonRoot, a non-zero user, no privilege escalation, every capability dropped, seccomp
 RuntimeDefault), a writable root filesystem, a mounted service account token, a container without requests and
 limits of CPU and memory, an image that is neither a tag nor a digest; a Service or container that lists the
-management port; and a cluster config.properties whose management API is beyond loopback, whose model API is on,
-or whose token authorization is not as the manifest says.
+management port; a cluster config.properties whose management API is beyond loopback, whose model API is on,
+or whose token authorization is not as the manifest says; and a NetworkPolicy rule that admits every port, or a
+namespace a pod could choose, or (best/k8s.yaml) lets the pods reach a cloud's metadata address (#64).
 """
 
 import gzip
+import ipaddress
 import json
 import re
 from functools import cache
@@ -27,6 +30,13 @@ import yaml
 from kubernetes_validate import utils as kubernetes_schemas
 
 KSERVE = Path(__file__).parent / "kserve"
+ISTIO = Path(__file__).parent / "istio"
+AUTHORIZATION_POLICY = ("security.istio.io/v1", "AuthorizationPolicy")  # the CRD's group, served version and kind
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # the API server sets it to the namespace's name: no pod chooses it
+NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a DNS-1123 label, what a namespace's name is
+# where clouds serve a node's own credentials: AWS, GCP, Azure, Oracle (IPv4), AWS (IPv6), Alibaba
+METADATA_ADDRESSES = [ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")]
+DNS_PORT = 53  # a DNS resolver may share the metadata address (GCP's): DNS to it is no way to the credentials
 RUNTIME = "kserve-torchserve"  # the ClusterServingRuntime KServe selects for modelFormat pytorch
 IMAGE = re.compile(r"^[a-z0-9][a-z0-9._/:-]*(:[\w][\w.-]{0,127}|@sha256:[0-9a-f]{64})$")  # repo:tag or repo@sha256:digest
 MANAGEMENT_PORTS = {8081, 7071, "management", "grpc-management"}  # TorchServe's management API (REST, gRPC)
@@ -82,15 +92,39 @@ def runtime() -> dict:
     return yaml.safe_load((KSERVE / f"{RUNTIME}.yaml").read_text())
 
 
+@cache
+def authorization_policy_schema() -> dict:
+    return _strict(json.loads((ISTIO / "authorizationpolicy-v1.schema.json").read_text()))
+
+
+def _metadata_problems(kind: str, data: dict) -> list[str]:
+    """A CRD leaves metadata to the API server: an ObjectMeta, checked by Kubernetes' own schema."""
+    meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": data.get("metadata") or {}}
+    return [p.replace("ConfigMap/", f"{kind}/", 1) for p in kubernetes_problems([meta])]
+
+
+def authorization_policy_problems(policy: dict) -> list[str]:
+    """Lines naming what in an Istio AuthorizationPolicy a cluster with Istio's CRD refuses (its schema does not
+    describe apiVersion, kind and metadata, which the API server checks itself: here, the served version and kind)."""
+    problems = []
+    if (policy.get("apiVersion"), policy.get("kind")) != AUTHORIZATION_POLICY:
+        said = f"{policy.get('apiVersion')}/{policy.get('kind')}"
+        problems.append(f"AuthorizationPolicy: apiVersion/kind {said}: must be {'/'.join(AUTHORIZATION_POLICY)}")
+    body = {key: value for key, value in policy.items() if key not in ("apiVersion", "kind", "metadata")}
+    problems += [
+        f"AuthorizationPolicy: Istio's CRD: {_where(error)}: {error.message}"
+        for error in jsonschema.Draft7Validator(authorization_policy_schema()).iter_errors(body)
+    ]
+    return problems + _metadata_problems("AuthorizationPolicy", policy)
+
+
 def inference_service_problems(service: dict) -> list[str]:
     """Lines naming what in an InferenceService a cluster with KServe's CRD (and its TorchServe runtime) refuses."""
     problems = [
         f"InferenceService: KServe's CRD: {_where(error)}: {error.message}"
         for error in jsonschema.Draft7Validator(inference_service_schema()).iter_errors(service)
     ]
-    # the CRD leaves metadata to the API server: an ObjectMeta, checked by Kubernetes' own schema
-    meta = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": service.get("metadata") or {}}
-    problems += [p.replace("ConfigMap/", "InferenceService/", 1) for p in kubernetes_problems([meta])]
+    problems += _metadata_problems("InferenceService", service)
     model = ((service.get("spec") or {}).get("predictor") or {}).get("model") or {}
     spec = runtime()["spec"]
     formats = {f["name"] for f in spec.get("supportedModelFormats", [])}
@@ -184,4 +218,58 @@ def config_problems(text: str, token: bool) -> list[str]:
         for key in ("inference_address", "grpc_inference_address"):
             if not any(host in config.get(key, "0.0.0.0") for host in LOOPBACK):
                 problems.append(f"config.properties: {key}={config.get(key, '0.0.0.0')}: token authorization is off: must be on 127.0.0.1")
+    return problems
+
+
+def _reaches_metadata(rule: dict) -> bool:
+    """Whether an egress rule lets a pod reach a metadata address on a port other than DNS's."""
+    ports = [port.get("port") for port in rule.get("ports") or []]
+    if ports and all(port == DNS_PORT for port in ports):
+        return False
+    peers = rule.get("to") or [{"ipBlock": {"cidr": "0.0.0.0/0"}}, {"ipBlock": {"cidr": "::/0"}}]  # no `to`: everywhere
+    for peer in peers:
+        block = peer.get("ipBlock") or {}
+        if not block:
+            continue  # pods and namespaces: not a metadata address
+        cidr = ipaddress.ip_network(block["cidr"], strict=False)
+        excepted = [ipaddress.ip_network(other, strict=False) for other in block.get("except") or []]
+        for address in METADATA_ADDRESSES:
+            if (
+                address.version == cidr.version
+                and address in cidr
+                and not any(address in net for net in excepted if net.version == address.version)
+            ):
+                return True
+    return False
+
+
+def network_policy_problems(objects: list[dict], egress: bool) -> list[str]:
+    """One line per NetworkPolicy rule that admits more than segserve means to: an ingress rule without ports (every
+    port) or without `from` (every peer), a namespaceSelector that does not name its namespace (a namespace's other
+    labels are its owner's to set), and with `egress`, no egress policy or a rule that reaches a metadata address."""
+    problems = []
+    for data in objects:
+        if data.get("kind") != "NetworkPolicy":
+            continue
+        name, spec = f"NetworkPolicy/{(data.get('metadata') or {}).get('name')}", data.get("spec") or {}
+        for index, rule in enumerate(spec.get("ingress") or []):
+            if not rule.get("ports"):
+                problems.append(f"{name}: ingress[{index}]: must name its ports (without them it admits every port)")
+            if not rule.get("from"):
+                problems.append(f"{name}: ingress[{index}]: must name its peers (without `from` it admits every pod and address)")
+            for peer in rule.get("from") or []:
+                if "namespaceSelector" not in peer:
+                    continue
+                namespace = ((peer["namespaceSelector"] or {}).get("matchLabels") or {}).get(NAMESPACE_LABEL)
+                if not NAMESPACE_NAME.match(str(namespace or "")):
+                    problems.append(
+                        f"{name}: ingress[{index}]: a namespaceSelector must name one namespace ({NAMESPACE_LABEL}), not {namespace!r}"
+                    )
+        if not egress:
+            continue
+        if "Egress" not in (spec.get("policyTypes") or []):
+            problems.append(f"{name}: policyTypes: must include Egress (else the pods reach every address, a cloud's metadata too)")
+        for index, rule in enumerate(spec.get("egress") or []):
+            if _reaches_metadata(rule):
+                problems.append(f"{name}: egress[{index}]: reaches a cloud's metadata address (a node's credentials)")
     return problems

@@ -12,7 +12,8 @@ tests/unit/test_manifests.py reads them back through the official API models (ku
 Exposed (#58): TorchServe's management API stays on 127.0.0.1 in both, the model API off, gRPC on loopback unless
 the point was measured over it. best/k8s.yaml keeps token authorization on (pods.py says how its keys are read);
 KServe's runtime calls TorchServe without a key, so best/kserve/config/config.properties turns it off and binds
-TorchServe's APIs to 127.0.0.1, behind KServe's own server in the same container, with a NetworkPolicy beside it.
+TorchServe's APIs to 127.0.0.1, behind KServe's own server in the same container; the InferenceService is
+cluster-local, with a NetworkPolicy and an Istio AuthorizationPolicy beside it (mesh.py).
 
 A workflow (.war) gets k8s.yaml only: KServe's protocol names a model, and TorchServe's snapshots hold no
 workflow, so the Deployment registers it after TorchServe starts (a postStart hook, before readiness).
@@ -30,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.registration import REGISTRATIONS, model_config_entry
-from segserve.bench.results import manifest_check, pods
+from segserve.bench.results import manifest_check, mesh, pods
 from segserve.bench.suite.params import PARAMS
 from segserve.serving.cores import load_plan
 from segserve.serving.server import SERVER_ENV
@@ -39,16 +40,11 @@ from segserve.serving.ts_config import render_config
 STORAGE_ENV = "SEGSERVE_STORAGE_URI"  # where the archives are (KServe's layout): set it before `segserve bench`
 MEMORY_HEADROOM = 1.25  # over the RSS measured at the end of the point: allocations between samples, a larger batch
 DEFAULT_MEMORY = "2Gi"  # without a measured RSS: KServe's kserve-torchserve runtime's own request and limit
-# The keys' lifetime in best/k8s.yaml: TorchServe 0.12's keys expire token_expiration_min after they were made (60 by
-# default) and only the management API's /token call (with the API key) makes new ones; the readiness probe reads
-# the key file, so a key that expired would turn the pod unready. A pod's keys live as long as it (100 years).
-TOKEN_LIFETIME_MIN = 100 * 365 * 24 * 60
 K8S_ADDRESS = {"inference": "http://0.0.0.0:8080", "management": "http://127.0.0.1:8081", "metrics": "http://0.0.0.0:8082"}
 # KServe's runtime image runs its own server on 8080 (HTTP) and 8081 (gRPC) and calls TorchServe at these addresses
 # (its kserve_wrapper reads them from this file): TorchServe's APIs on one loopback port, its metrics for Prometheus.
 KSERVE_ADDRESS = {"inference": "http://127.0.0.1:8085", "management": "http://127.0.0.1:8085", "metrics": "http://0.0.0.0:8082"}
 KSERVE_PORT = 8080  # KServe's server in the predictor pod
-KSERVE_FROM = ("knative-serving", "istio-system")  # KServe's request path in its default (Serverless) install
 # What best/kserve.yaml says of the runtime it relies on (docs/deploying.md says the same): facts as of the KServe
 # commit its schemas come from (bench/results/kserve/README.md).
 RUNTIME_FUTURE = [
@@ -180,7 +176,7 @@ K8S_NOTE = [
     "best/config.properties for a cluster: inference and metrics open to the pod's network (the Service exposes",
     "inference only; a NetworkPolicy says who reaches it), the management API on 127.0.0.1 (the pod's own processes),",
     "the model API off, gRPC on loopback unless the point was measured over it, token authorization ON (the keys",
-    "in key_file.json in the pod's working directory, for the pod's lifetime: docs/deploying.md), the model store",
+    "in key_file.json in the pod's working directory, renewed by the readiness probe: docs/deploying.md), the model store",
     "where the archives are put, and for a model its registration as TorchServe's model_snapshot (read at start).",
 ]
 KSERVE_NOTE = [
@@ -204,7 +200,7 @@ def cluster_overrides(served: Served, model_store: str, address: dict[str, str],
         }
     )
     if token:
-        overrides["token_expiration_min"] = str(TOKEN_LIFETIME_MIN)
+        overrides["token_expiration_min"] = str(pods.TOKEN_LIFETIME_MIN)
     if not served.is_workflow:
         overrides["model_snapshot"] = snapshot(served)
     return overrides
@@ -257,16 +253,21 @@ def write_manifests(
     exposed = ", ".join(f"{api} {port}" for api, port in pods.served_ports(grpc).items())
     access = [
         f"exposed: {exposed} (Service and NetworkPolicy: pods labelled {pods.CLIENT_LABEL}: {name}); metrics 8082 to pods",
-        f'labelled {pods.SCRAPE_LABEL}: "true"; management on 127.0.0.1 in the pod; gRPC '
-        + ("inference open: the point was measured over gRPC" if grpc else "on loopback"),
+        f'labelled {pods.SCRAPE_LABEL}: "true" in the namespace {pods.metrics_namespace()} ({pods.METRICS_NAMESPACE_ENV}); '
+        "management on 127.0.0.1 in the pod; gRPC " + ("inference open: the point was measured over gRPC" if grpc else "on loopback"),
+        f"egress: DNS, and HTTPS ({pods.HTTPS_PORT}) to public addresses only: not {', '.join(pods.NOT_PUBLIC_V4)} (the",
+        "metadata address 169.254.169.254 among them), nor IPv6's private and link-local ranges",
     ]
     template = best_dir / "config.properties"
     k8s_config = config_text(template, cluster_overrides(served, f"{pods.HOME}/model-store", K8S_ADDRESS, True, grpc), K8S_NOTE)
     k8s = pods.k8s_objects(name, labels(name), k8s_config, served, uri.value, resources, env, replicas, grpc)
     k8s_lines = [
         *access,
-        "token authorization on: each pod makes its own keys at start (TorchServe 0.12 takes none from outside); a client",
-        f"reads the inference key from the pod: kubectl exec deploy/{name} -- cat {pods.KEY_FILE}",
+        "token authorization on: each pod makes its own keys at start (TorchServe 0.12 takes none from outside), valid",
+        f"{pods.TOKEN_LIFETIME_MIN} minutes; the readiness probe makes a new inference key in its last {pods.TOKEN_RENEW_BEFORE_MIN}"
+        " (a client refused with 400 InvalidKeyException reads it again);",
+        f"a client reads the inference key (and only it): {pods.inference_key_command(name)}",
+        f"a new inference key now (the old one stops working): {pods.renew_command(name)}",
         f"pods: Pod Security Standards restricted, read-only root, user {pods.USER_ID}; images by tag unless {pods.IMAGE_ENV}",
         f"and {pods.COPY_IMAGE_ENV} name digests (repo@sha256:...)",
     ]
@@ -275,6 +276,7 @@ def write_manifests(
     versions = " and ".join(manifest_check.kubernetes_versions())
     k8s_lines.append(f"validated against Kubernetes {versions}'s OpenAPI schemas, strict (kubernetes-validate)")
     problems = manifest_check.kubernetes_problems(k8s) + manifest_check.pod_problems(k8s) + manifest_check.config_problems(k8s_config, True)
+    problems += manifest_check.network_policy_problems(k8s, egress=True)
     refused = [f"best/k8s.yaml not written: {problem}" for problem in problems]
     if not refused:
         text = header(chosen, on, lines + k8s_lines) + yaml.dump_all(k8s, Dumper=BlockDumper, sort_keys=False)
@@ -288,13 +290,14 @@ def write_manifests(
 
 
 def write_kserve(best_dir: Path, service: dict, served: Served, top: str) -> list[str]:
-    """best/kserve.yaml (the InferenceService and its NetworkPolicy) and best/kserve/config/config.properties, once
-    they pass manifest_check.py; else why not."""
+    """best/kserve.yaml (the InferenceService, its NetworkPolicy and AuthorizationPolicy) and
+    best/kserve/config/config.properties, once they pass manifest_check.py; else why not."""
     name = service["metadata"]["name"]
     overrides = {**cluster_overrides(served, "/mnt/models/model-store", KSERVE_ADDRESS, False, False), "enable_envvars_config": "true"}
     kserve_config = config_text(best_dir / "config.properties", overrides, KSERVE_NOTE)
-    policy = pods.network_policy(name, labels(name), {"serving.kserve.io/inferenceservice": name}, [KSERVE_PORT], KSERVE_FROM)
+    policy, istio = mesh.network_policy(name, labels(name), KSERVE_PORT), mesh.authorization_policy(name, labels(name))
     problems = manifest_check.inference_service_problems(service) + manifest_check.kubernetes_problems([policy])
+    problems += manifest_check.network_policy_problems([policy], egress=False) + manifest_check.authorization_policy_problems(istio)
     problems += manifest_check.config_problems(kserve_config, False)
     if problems:
         return [f"best/kserve.yaml not written: {problem}" for problem in problems]
@@ -302,13 +305,17 @@ def write_kserve(best_dir: Path, service: dict, served: Served, top: str) -> lis
     (best_dir / "kserve" / "config" / "config.properties").write_text(kserve_config)
     kserve_lines = [
         f"exposed: KServe's server on {KSERVE_PORT}; token authorization OFF (KServe's runtime calls TorchServe without a",
-        "key), so TorchServe listens on 127.0.0.1 only, and the NetworkPolicy admits pods labelled",
-        f'{pods.CLIENT_LABEL}: {name}, the metrics to pods labelled {pods.SCRAPE_LABEL}: "true", and any port from the',
-        f"namespaces {', '.join(KSERVE_FROM)} (KServe's Serverless request path): edit it for another ingress",
+        "key), so TorchServe listens on 127.0.0.1 only; cluster-local (networking.knative.dev/visibility): no external route;",
+        f"the NetworkPolicy admits pods labelled {pods.CLIENT_LABEL}: {name} on {KSERVE_PORT}, the metrics to pods labelled",
+        f'{pods.SCRAPE_LABEL}: "true" in the namespace {pods.metrics_namespace()}, and KServe\'s Serverless request path on the',
+        "queue-proxy's ports only: " + "; ".join(f"{ns} {', '.join(map(str, ports))}" for ns, ports in mesh.KSERVE_FROM.items()) + ";",
+        "the AuthorizationPolicy admits the same path by mesh identity where the predictor runs with an Istio sidecar;",
+        "any pod in the cluster that calls the cluster-local URL comes through its gateway: no key per client here",
+        f"(best/k8s.yaml has one); edit both policies for another ingress; validated against Istio's CRD ({mesh.ISTIO_API})",
         "no read-only root here: KServe's server and TorchServe write in the runtime image's home (best/k8s.yaml has one)",
         *RUNTIME_FUTURE,
     ]
-    documents = yaml.dump_all([service, policy], Dumper=BlockDumper, sort_keys=False)
+    documents = yaml.dump_all([service, policy, istio], Dumper=BlockDumper, sort_keys=False)
     (best_dir / "kserve.yaml").write_text(top + "".join(f"# {line}\n" for line in kserve_lines) + documents)
     return []
 
@@ -330,6 +337,6 @@ def inference_service(served: Served, uri: str, resources: dict, env: list[dict]
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
-        "metadata": {"name": k8s_name(served.name), "labels": labels(k8s_name(served.name))},
+        "metadata": {"name": k8s_name(served.name), "labels": {**labels(k8s_name(served.name)), **mesh.VISIBILITY}},
         "spec": {"predictor": predictor},
     }

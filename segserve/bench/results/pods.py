@@ -5,13 +5,20 @@ Inside the pod TorchServe's management API listens on 127.0.0.1 only (the contai
 its port): only the pod's own processes reach it (the workflow's postStart hook, `kubectl exec`). Token
 authorization stays on: TorchServe 0.12 makes its keys itself at every start (TokenAuthorization.java: random,
 written to key_file.json in its working directory, no way to give it one), so the readiness probe and the hook read
-them from that file, and a client gets the inference key from the pod. The root filesystem is read-only; TorchServe
-writes to emptyDir volumes: its working directory (key_file.json, logs/) and TEMP (its pid file, the workers'
-sockets, the archives it unpacks).
+them from that file, and a client gets the inference key from the pod. The keys expire after TOKEN_LIFETIME_MIN; the
+readiness probe renews the inference key in its last TOKEN_RENEW_BEFORE_MIN (TorchServe's /token, with the API key).
+The root filesystem is read-only; TorchServe writes to emptyDir volumes: its working directory (key_file.json, logs/)
+and TEMP (its pid file, the workers' sockets, the archives it unpacks).
+
+The NetworkPolicy admits named peers on named ports only, the metrics to one named namespace (a pod cannot set its
+namespace's kubernetes.io/metadata.name), and lets the pods out to DNS and HTTPS beyond the private and link-local
+ranges: not to a cloud's metadata address (169.254.169.254), where a node's own credentials are.
 """
 
 import os
 from urllib.parse import urlencode
+
+from segserve.bench.results.manifest_check import DNS_PORT, NAMESPACE_LABEL
 
 HOME = "/home/model-server"  # the image's home and working directory (its user model-server owns it)
 WORK = f"{HOME}/work"  # TorchServe's working directory here: key_file.json and logs/ land in it
@@ -23,8 +30,22 @@ COPY_IMAGE_ENV, COPY_IMAGE = "SEGSERVE_COPY_IMAGE", "amazon/aws-cli:2.22.0"  # t
 COPY_RESOURCES = {"cpu": "500m", "memory": "512Mi"}  # aws s3 cp streams each file: a bounded buffer, one core's half
 PORTS = {"inference": 8080, "management": 8081, "metrics": 8082, "grpc-inference": 7070, "grpc-management": 7071}
 CLIENT_LABEL = "segserve.io/client-of"  # a pod labelled <this>: <name> may call the inference API
-SCRAPE_LABEL = "segserve.io/scrape-metrics"  # a pod (any namespace) labelled <this>: "true" may read the metrics
-PROBE_TIMEOUT_S = 5  # python3's start and one /ping
+SCRAPE_LABEL = "segserve.io/scrape-metrics"  # a pod labelled <this>: "true" in the metrics namespace may read the metrics
+METRICS_NAMESPACE_ENV, METRICS_NAMESPACE = "SEGSERVE_METRICS_NAMESPACE", "monitoring"  # kube-prometheus's namespace
+PROBE_TIMEOUT_S = 5  # python3's start, a key renewal now and then, one /ping
+# TorchServe 0.12's keys expire token_expiration_min after they were made (TokenAuthorization.java); a new one only
+# through the management API's /token with the API key, which never expires. A day bounds what a leaked key is worth;
+# the readiness probe (every 5 s) renews the inference key in its last 10 minutes, so the pod stays ready. A client
+# refused (400, InvalidKeyException) reads the key again. The management key is not renewed: only the workflow's
+# hook, at start, uses it.
+TOKEN_LIFETIME_MIN = 24 * 60
+TOKEN_RENEW_BEFORE_MIN = 10
+# Egress: DNS to any address (kube-dns, or a node-local cache on 169.254.20.10), else HTTPS (the init container's S3,
+# a handler's downloads) beyond the private, shared and link-local ranges: no cloud metadata address (169.254.169.254
+# on AWS, GCP, Azure; 100.100.100.200 on Alibaba; fd00:ec2::254), no Kubernetes API, no cluster service.
+HTTPS_PORT = 443
+NOT_PUBLIC_V4 = ["10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12", "192.168.0.0/16"]
+NOT_PUBLIC_V6 = ["fc00::/7", "fe80::/10"]
 AWS_CREDENTIALS = "/aws/credentials"  # the Secret aws-credentials' key `credentials`, an AWS credentials file
 
 
@@ -71,9 +92,37 @@ def keyed_request(api: str, url: str, method: str = "GET", timeout_s: int = 600)
     )
 
 
+def renew_inference_key(timeout_s: int) -> str:
+    """Python that makes a new inference key (TorchServe's /token, with the API key, on the management API)."""
+    url = f"http://127.0.0.1:{PORTS['management']}/token?type=inference"
+    return keyed_request("API", url, timeout_s=timeout_s)
+
+
 def ping() -> str:
-    """The readiness probe: /ping answers 200 once every model has its workers, and wants the inference key."""
-    return keyed_request("inference", f"http://127.0.0.1:{PORTS['inference']}/ping", timeout_s=PROBE_TIMEOUT_S - 1)
+    """The readiness probe: /ping answers 200 once every model has its workers, and wants the inference key. In the
+    key's last TOKEN_RENEW_BEFORE_MIN it first makes a new one (the expiry is Java's Instant, UTC, in the key file)."""
+    renew_s = TOKEN_RENEW_BEFORE_MIN * 60
+    half = (PROBE_TIMEOUT_S - 1) // 2
+    return (
+        "import calendar, json, time\n"
+        f"expires = json.load(open({KEY_FILE!r}))['inference']['expiration time'][:19]\n"
+        f"if calendar.timegm(time.strptime(expires, '%Y-%m-%dT%H:%M:%S')) - time.time() < {renew_s}:\n"
+        + "".join(f"    {line}\n" for line in renew_inference_key(half).splitlines())
+        + keyed_request("inference", f"http://127.0.0.1:{PORTS['inference']}/ping", timeout_s=half)
+    )
+
+
+def inference_key_command(name: str) -> str:
+    """What a client runs to read the inference key, and only it (key_file.json holds the management and API keys too)."""
+    return (
+        f"kubectl exec deploy/{name} -c torchserve -- python3 -c \"import json; print(json.load(open('{KEY_FILE}'))['inference']['key'])\""
+    )
+
+
+def renew_command(name: str) -> str:
+    """What an operator runs to replace the inference key now (a key that leaked): the old one stops working."""
+    code = renew_inference_key(PROBE_TIMEOUT_S).replace("\n", "; ").rstrip("; ").replace('"', '\\"')
+    return f'kubectl exec deploy/{name} -c torchserve -- python3 -c "{code}"'
 
 
 def register_workflow(archive: str, name: str) -> str:
@@ -157,7 +206,7 @@ def k8s_objects(name: str, labels: dict, config: str, served, uri: str, resource
     ports = [{"name": api, "port": port, "targetPort": api} for api, port in served_ports(grpc).items()]
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels}}
     service["spec"] = {"selector": labels, "ports": ports}
-    return [config_map, deployment, service, network_policy(name, labels, labels, list(served_ports(grpc)))]
+    return [config_map, deployment, service, network_policy(name, labels, labels, list(served_ports(grpc)), out=True)]
 
 
 def copy_archives(uri: str, store: dict) -> dict:
@@ -179,21 +228,37 @@ def copy_archives(uri: str, store: dict) -> dict:
     }
 
 
-def network_policy(name: str, labels: dict, pods: dict, ports: list, more_from: tuple = ()) -> dict:
-    """Who reaches the pods: pods labelled CLIENT_LABEL: <name> (same namespace) the served ports, pods labelled
-    SCRAPE_LABEL (any namespace) the metrics; `more_from` (KServe's request path) any port."""
-    ingress = [
-        {"from": [{"podSelector": {"matchLabels": {CLIENT_LABEL: name}}}], "ports": [{"protocol": "TCP", "port": p} for p in ports]},
-        {
-            "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {SCRAPE_LABEL: "true"}}}],
-            "ports": [{"protocol": "TCP", "port": PORTS["metrics"]}],
-        },
+def metrics_namespace() -> str:
+    """The namespace whose pods labelled SCRAPE_LABEL read the metrics: SEGSERVE_METRICS_NAMESPACE, else monitoring."""
+    return os.environ.get(METRICS_NAMESPACE_ENV) or METRICS_NAMESPACE
+
+
+def tcp(ports) -> list[dict]:
+    return [{"protocol": "TCP", "port": port} for port in ports]
+
+
+def egress() -> list[dict]:
+    """DNS anywhere, HTTPS to public addresses only (NOT_PUBLIC_V4/V6: the metadata addresses among them)."""
+    public = [{"ipBlock": {"cidr": "0.0.0.0/0", "except": NOT_PUBLIC_V4}}, {"ipBlock": {"cidr": "::/0", "except": NOT_PUBLIC_V6}}]
+    return [
+        {"ports": [{"protocol": "UDP", "port": DNS_PORT}, {"protocol": "TCP", "port": DNS_PORT}]},
+        {"to": public, "ports": tcp([HTTPS_PORT])},
     ]
-    if more_from:
-        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}} for ns in more_from]})
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"podSelector": {"matchLabels": pods}, "policyTypes": ["Ingress"], "ingress": ingress},
-    }
+
+
+def network_policy(name: str, labels: dict, pods: dict, ports: list, more_from: dict | None = None, out: bool = False) -> dict:
+    """Who reaches the pods: pods labelled CLIENT_LABEL: <name> (same namespace) the served ports, pods labelled
+    SCRAPE_LABEL in the metrics namespace the metrics, `more_from` {namespace: its ports} (KServe's request path).
+    With `out`, where the pods may go (egress())."""
+    scraper = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: metrics_namespace()}}}
+    scraper["podSelector"] = {"matchLabels": {SCRAPE_LABEL: "true"}}
+    ingress = [
+        {"from": [{"podSelector": {"matchLabels": {CLIENT_LABEL: name}}}], "ports": tcp(ports)},
+        {"from": [scraper], "ports": tcp([PORTS["metrics"]])},
+    ]
+    for namespace, namespace_ports in (more_from or {}).items():
+        ingress.append({"from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: namespace}}}], "ports": tcp(namespace_ports)})
+    spec = {"podSelector": {"matchLabels": pods}, "policyTypes": ["Ingress"], "ingress": ingress}
+    if out:
+        spec.update({"policyTypes": ["Ingress", "Egress"], "egress": egress()})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": name, "labels": labels}, "spec": spec}
