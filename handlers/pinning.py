@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -70,9 +71,13 @@ def _pin(cpus: list[int]) -> list[int]:
 
 
 # Without a core plan --------------------------------------------------------------------------------
-# <tmp>/segserve-workers/<process group>/<model>/<pid>.lock: `segserve serve` gives each server its own TMPDIR, and
-# a server's workers share its process group; handlers run in other processes (tests, bench inputs) do not count.
+# <tmp>/segserve-workers-<uid>/<process group>/<model>/<pid>.lock: `segserve serve` gives each server its own TMPDIR,
+# and a server's workers share its process group; handlers run in other processes (tests, bench inputs) do not count.
+# Under a stock `torchserve` <tmp> is the shared /tmp: the folder is the user's own (mode 0700), or not used.
 WORKERS_DIR = "segserve-workers"
+# The longest a worker waits for its own lock file, held only while a peer removes a stale file of its pid (a moment);
+# longer, and something else holds it (a process of another pid namespace that shares <tmp>): it goes on uncounted.
+REGISTER_WAIT_S = 10.0
 RECOUNT_S = 1.0
 # Before compiling: the count must be unchanged this long (TorchServe starts a model's workers together, and each
 # registers within a second or two of the others), and is waited for at most SETTLE_LIMIT_S.
@@ -81,21 +86,62 @@ _process_share: "SharedCores | None" = None  # this worker's, when it sizes its 
 _registered: dict[Path, object] = {}  # lock file → its open file, held for the life of the process
 
 
+def workers_root() -> Path | None:
+    """<tmp>/segserve-workers-<uid>, made with mode 0700 where missing; None, logged, where it is a link, not a folder,
+    another user's or open to others: there another local user could hold a worker's lock file (a worker waiting on
+    it) or add lock files that shrink its share."""
+    root = Path(tempfile.gettempdir()) / f"{WORKERS_DIR}-{os.getuid()}"
+    try:
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as error:
+        logger.warning("%s: cannot make it (%s): this worker's threads are not shared with its peers'", root, error.strerror)
+        return None
+    found = os.lstat(root)  # the entry itself: a link is not followed
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid() or stat.S_IMODE(found.st_mode) & 0o077:
+        logger.warning(
+            "%s: not a folder of user %d with mode 0700 (mode %s, user %d), not used: this worker's threads are not "
+            "shared with its peers' (remove it, and the next worker makes it again)",
+            root, os.getuid(), stat.filemode(found.st_mode), found.st_uid,
+        )  # fmt: skip
+        return None
+    return root
+
+
 def register_worker(directory: Path):
     """Hold an exclusive flock on `<directory>/<pid>.lock` for the life of this worker: the lock is what
-    makes it count as live (the kernel drops it on exit or kill). Returns the open file; a process that
-    registers twice (several handlers in one process, as in tests) gets its first one back."""
+    makes it count as live (the kernel drops it on exit or kill). Returns the open file, or None (logged) when
+    another process holds it for REGISTER_WAIT_S; a process that registers twice (several handlers in one process,
+    as in tests) gets its first one back."""
     path = directory / f"{os.getpid()}.lock"
     if path in _registered:
         return _registered[path]
     directory.mkdir(parents=True, exist_ok=True)
+    wait_s = REGISTER_WAIT_S
+    deadline = time.monotonic() + wait_s
     while True:
         handle = open(path, "a+")  # noqa: SIM115 — held open on purpose
-        fcntl.flock(handle, fcntl.LOCK_EX)  # blocks only while a peer holds a stale file of this pid to remove it
+        if not _lock_by(handle, deadline):  # a peer holds a stale file of this pid a moment, to remove it
+            handle.close()
+            logger.warning("%s: held by another process for %g s: this worker is not counted among its peers", path, wait_s)
+            return None
         if _still_linked(path, handle):
             _registered[path] = handle
             return handle
         handle.close()  # a peer removed the file between open and flock: lock a fresh one
+
+
+def _lock_by(handle, deadline: float) -> bool:
+    """An exclusive flock on `handle`, tried until `deadline` (time.monotonic()); False when it was not had."""
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def count_live_workers(directory: Path) -> int:
@@ -133,8 +179,12 @@ class SharedCores:
     def __init__(self, model_name: str, directory: Path | None = None):
         self.model_name = model_name
         self.cores = len(os.sched_getaffinity(0))
-        self.directory = directory or Path(tempfile.gettempdir()) / WORKERS_DIR / str(os.getpgid(0)) / model_name
-        self.lock = register_worker(self.directory)
+        if directory is None:
+            root = workers_root()
+            directory = root / str(os.getpgid(0)) / model_name if root is not None else None
+        self.lock = register_worker(directory) if directory is not None else None
+        # unregistered (a folder not ours, a lock file held): it counts alone, as a worker of no peers would
+        self.directory = directory if self.lock is not None else None
         self.threads = 0
         self.kept_for: str | None = None  # why the thread count no longer follows the share (a compiled network)
         self.declined = 0  # the last share not applied (logged once per value)
@@ -150,7 +200,7 @@ class SharedCores:
         if now - self.counted_at < RECOUNT_S:
             return self.threads
         self.counted_at = now
-        workers = count_live_workers(self.directory)
+        workers = self.live_workers()
         threads = max(1, self.cores // max(workers, 1))
         if threads != self.threads and self.kept_for is not None:
             if threads != self.declined:
@@ -163,22 +213,25 @@ class SharedCores:
         if threads != self.threads:
             torch.set_num_threads(threads)
             self.threads = threads
-            # The lock file says how many threads this worker runs: exact, for `ls` and tests.
-            self.lock.seek(0)
-            self.lock.truncate()
-            self.lock.write(f"{threads}\n")
-            self.lock.flush()
+            if self.lock is not None:  # The lock file says how many threads this worker runs: exact, for `ls` and tests.
+                self.lock.seek(0)
+                self.lock.truncate()
+                self.lock.write(f"{threads}\n")
+                self.lock.flush()
             logger.info("%s: %d live worker(s) share %d core(s): %d thread(s) each", self.model_name, workers, self.cores, threads)
         return threads
+
+    def live_workers(self) -> int:
+        return count_live_workers(self.directory) if self.directory is not None else 1
 
     def settle(self, sleep=time.sleep) -> int:
         """Count until the number of live workers stayed the same for SETTLE_S (at most SETTLE_LIMIT_S), and size
         the threads by it: the workers started with this one have registered by then."""
         started = changed = time.monotonic()
-        last = count_live_workers(self.directory)
+        last = self.live_workers()
         while (now := time.monotonic()) - changed < SETTLE_S and now - started < SETTLE_LIMIT_S:
             sleep(0.25)
-            count = count_live_workers(self.directory)
+            count = self.live_workers()
             if count != last:
                 last, changed = count, time.monotonic()
         self.counted_at = -math.inf

@@ -1,16 +1,18 @@
 """A user's archive at a URL, fetched into a local cache before TorchServe registers it: `s3://bucket/key`
 (boto3: credentials, region and endpoint the usual AWS way, `AWS_ENDPOINT_URL` included) or `https://host/path`
 (user:password in the URL is sent as basic auth, to that origin only, never after a redirect to another; plain
-`http://` to loopback only unless the target allows it). Each download is capped in size and may be pinned by its
-SHA-256 (DownloadRules): an archive is code that runs in the server (docs/benchmarking.md). The cache is one folder
-per URL prefix under `$SEGSERVE_CACHE` (default `~/.cache/segserve`)/archives, so that a .war and the node archives
-beside it land together. A URL that does not answer is a RuntimeFailure naming it with its credentials masked."""
+`http://` to loopback only unless the target allows it; a redirect neither from https to http nor inward:
+redirect_problem). Each download is capped in size and may be pinned by its SHA-256 (DownloadRules): an archive is
+code that runs in the server (docs/benchmarking.md). The cache is one folder per URL prefix under `$SEGSERVE_CACHE`
+(default `~/.cache/segserve`)/archives, this user's alone (0700), so that a .war and the node archives beside it
+land together. A URL that does not answer is a RuntimeFailure naming it with its credentials masked."""
 
 import base64
 import hashlib
 import ipaddress
 import os
 import re
+import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -52,24 +54,75 @@ def safe_relative_name(name: str, what: str) -> str:
 
 
 def is_remote(location: str) -> bool:
-    return urlsplit(location).scheme in REMOTE_SCHEMES
+    # the scheme alone, read before any '//': urlsplit raises on a stray '[' in a password, and such a URL is remote
+    return urlsplit(location.split("//", 1)[0]).scheme in REMOTE_SCHEMES
+
+
+# where a URL starts in a text; its authority (user info and host) ends at the first '/', '?' or '#' (RFC 3986),
+# or at a line's end (a URL does not span lines): the user info is all of it before its last '@', whatever the
+# password holds (',', quotes, brackets, spaces), since urlsplit would take it so and send it
+URL_START = re.compile(r"\b[a-z][a-z0-9+.-]*://", re.IGNORECASE)
+AUTHORITY_END = re.compile(r"[/?#\r\n]")
+LINE_END = re.compile(r"[\r\n]")
+# where a URL's query ends in a text (a quote, a bracket or a comma of the YAML or repr around it); in a URL alone,
+# at its fragment
+TEXT_QUERY_END = re.compile(r"[#\s\"'{}\[\],]")
+URL_QUERY_END = re.compile(r"#")
 
 
 def masked(url: str) -> str:
     """The URL as it may be printed: no user:password, no query values (a presigned URL's signature)."""
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    netloc = f"***@{host}" if "@" in parts.netloc else host
-    query = "&".join(f"{key}=***" for key, _ in parse_qsl(parts.query, keep_blank_values=True))
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
-
-
-URL = re.compile(r"\b(?:s3|https?)://[^\s\"'{}\[\],]+")
+    return _masked_urls(url, URL_QUERY_END)
 
 
 def masked_text(text: str) -> str:
-    """A suite's text with every URL in it masked: what a result folder or a shared study keeps of it."""
-    return URL.sub(lambda found: masked(found.group(0)), text)
+    """A text (a suite, an error) with every URL in it masked: what a result folder, an export or a shared study
+    keeps of it. It masks too much rather than too little: an '@' after a URL without a path, on its line, hides
+    what comes between."""
+    return _masked_urls(text, TEXT_QUERY_END)
+
+
+def _masked_urls(text: str, query_end: re.Pattern) -> str:
+    pieces, done = [], 0
+    for start in URL_START.finditer(text):
+        begin = start.end()
+        if begin < done:  # inside what the URL before it masked already
+            continue
+        authority_end = _found_or_end(AUTHORITY_END, text, begin)
+        at = text.rfind("@", begin, authority_end)
+        host_end = min(authority_end, _found_or_end(query_end, text, begin))  # where the text around it resumes
+        if at < 0 and not _valid_authority(text[begin:host_end]):  # a password's raw '/', '?' or '#' ended it
+            at = text.rfind("@", authority_end, _found_or_end(LINE_END, text, authority_end))
+            if at < 0:  # no host after it on its line (a quoted line cut short): the whole of it hidden
+                pieces += [text[done:begin], "***"]
+                done = host_end
+                continue
+            authority_end = _found_or_end(AUTHORITY_END, text, at)
+        if at >= 0:
+            pieces += [text[done:begin], "***"]
+            done = at  # the '@' and the host stay
+        end = _found_or_end(query_end, text, authority_end)
+        question = text.find("?", authority_end, end)
+        if question >= 0:
+            query = "&".join(f"{key}=***" for key, _ in parse_qsl(text[question + 1 : end], keep_blank_values=True))
+            pieces += [text[done : question + 1], query]
+            done = end
+    return "".join(pieces) + text[done:]
+
+
+def _valid_authority(authority: str) -> bool:
+    """Whether urlsplit reads `authority` as a host and a port that is a number: `user:pa` of `user:pa/ss@host` is
+    not (nor is a raw '[' of a password)."""
+    try:
+        urlsplit("//" + authority).port  # noqa: B018 (raises on a port that is not a number, urlsplit on a stray '[')
+    except ValueError:
+        return False
+    return True
+
+
+def _found_or_end(pattern: re.Pattern, text: str, start: int) -> int:
+    found = pattern.search(text, start)
+    return found.start() if found else len(text)
 
 
 def folder_of(url: str) -> str:
@@ -84,8 +137,28 @@ def joined(prefix: str, name: str) -> str:
 
 
 def cache_folder(prefix: str) -> Path:
+    """The cache folder of a URL prefix, made now where missing. It and the folders above it up to the cache's root
+    are this user's and no one else's (0700): what is there is code segserve runs, and another local user who could
+    write there could change it."""
     root = Path(os.environ.get("SEGSERVE_CACHE") or Path.home() / ".cache" / "segserve")
-    return root / "archives" / hashlib.sha1(prefix.encode()).hexdigest()[:16]
+    folder = root / "archives" / hashlib.sha1(prefix.encode()).hexdigest()[:16]
+    for path in (root, root / "archives", folder):
+        _private_folder(path)
+    return folder
+
+
+def _private_folder(path: Path) -> None:
+    """`path` a folder of this user's only: made 0700, or an existing one of ours closed to others; one of another
+    user's is a UsageError."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    if info.st_uid != os.getuid():
+        raise UsageError(
+            f"{path}: the archive cache belongs to user id {info.st_uid}, not to you ({os.getuid()}), who could change the "
+            "archives segserve runs: set SEGSERVE_CACHE to a folder of yours"
+        )
+    if info.st_mode & 0o077:  # made before by a umask, or by hand
+        path.chmod(0o700)
 
 
 def md5_hex(body: bytes) -> str:
@@ -116,7 +189,7 @@ def fetch(url: str, folder: Path, rules: DownloadRules = DownloadRules()) -> Pat
     except Exception as error:  # whatever the transport says, as one line naming the URL without its secrets
         _remove(partial, target)
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise RuntimeFailure(f"{masked(url)} does not answer: {reason.replace(url, masked(url))}") from None
+        raise RuntimeFailure(f"{masked(url)} does not answer: {masked_text(reason.replace(url, masked(url)))}") from None
     if downloaded:
         partial.replace(target)  # a reader never sees half an archive, nor one that failed its checks
     return target
@@ -131,7 +204,11 @@ def _remove(*paths: Path) -> None:
 def scheme_problem(url: str, rules: DownloadRules) -> str | None:
     """Why `url` may not be fetched, else None: https, s3, or http to loopback (or anywhere with rules.plain_http),
     since a plain http download crosses the network readable and changeable, credentials and code alike."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError:  # a raw '/', '?', '#' or '[' in a password: urllib would read the host wrong
+        return f"{masked(url)}: its host or port does not read as one: percent-encode a password's '/', '?', '#', '[' or ']'"
     if parts.scheme == "http" and not rules.plain_http and not is_loopback(parts.hostname or ""):
         return f"{masked(url)}: plain http goes to loopback only: use https:// (or `plain_http: true` in the archive target)"
     if parts.scheme not in REMOTE_SCHEMES:
@@ -152,19 +229,65 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def redirect_problem(first: str, to: str, rules: DownloadRules) -> str | None:
+    """Why a download of `first` may not follow a redirect to `to`, else None: what scheme_problem refuses; https
+    to plain http (the archive, which is code, would cross the network changeable); and a loopback, link-local
+    (a cloud's metadata address) or private host unless `first` is of that kind too: an origin on the internet
+    must not point segserve at the services that trust whoever reaches them from this machine or its network."""
+    problem = scheme_problem(to, rules)
+    if problem:
+        return problem
+    if urlsplit(first).scheme == "https" and urlsplit(to).scheme == "http":
+        return f"{masked(to)}: a redirect from https to plain http is refused"
+    kind, first_kind = address_kind(to), address_kind(first)
+    if kind != "public" and kind != first_kind:
+        return f"{masked(to)}: a redirect to a {kind} address is refused (the download began at a {first_kind} one)"
+    return None
+
+
+def address_kind(url: str) -> str:
+    """The URL's host as seen from here: loopback, link-local, private (any other address the internet does not
+    reach) or public; for a name, the most inward of the addresses it resolves to now (one that does not resolve:
+    public, and its connection fails)."""
+    parts = urlsplit(url)
+    try:  # an address as it is written, its IPv6 zone (%eth0) aside
+        return _kind(ipaddress.ip_address((parts.hostname or "").split("%")[0]))
+    except ValueError:
+        pass
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(parts.hostname, parts.port or 443, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return "public"
+    kinds = {_kind(ipaddress.ip_address(address.split("%")[0])) for address in found}
+    return next((kind for kind in ("loopback", "link-local", "private") if kind in kinds), "public")
+
+
+def _kind(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is 127.0.0.1
+    address = mapped or address
+    if address.is_loopback or address.is_unspecified:  # 0.0.0.0 reaches this machine
+        return "loopback"
+    if address.is_link_local:
+        return "link-local"
+    return "public" if address.is_global else "private"
+
+
 def _origin(url: str) -> tuple:
     parts = urlsplit(url)
     return parts.scheme, parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme)
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Redirects followed within the rules; the credentials of the first URL go to its own origin only."""
+    """Redirects followed within the rules and redirect_problem's; the credentials of the first URL go to its own
+    origin only."""
 
-    def __init__(self, rules: DownloadRules):
-        self.rules = rules
+    def __init__(self, first: str, rules: DownloadRules):
+        self.first, self.rules = first, rules
 
     def redirect_request(self, req, fp, code, msg, headers, newurl):
-        check_scheme(newurl, self.rules, f"{masked(req.full_url)} redirected to ")
+        problem = redirect_problem(self.first, newurl, self.rules)
+        if problem:
+            raise RuntimeFailure(f"{masked(req.full_url)} redirected to {problem}")
         redirected = super().redirect_request(req, fp, code, msg, headers, newurl)
         if redirected is not None and _origin(newurl) != _origin(req.full_url):
             redirected.remove_header("Authorization")
@@ -181,7 +304,7 @@ def _http_body(url: str, partial: Path, rules: DownloadRules) -> bool:
     if parts.username:
         secret = f"{parts.username}:{parts.password or ''}".encode()
         request.add_header("Authorization", "Basic " + base64.b64encode(secret).decode())
-    opener = urllib.request.build_opener(_Redirects(rules))
+    opener = urllib.request.build_opener(_Redirects(url, rules))
     try:
         with opener.open(request, timeout=FETCH_TIMEOUT_S) as response:
             _check_size(url, int(response.headers.get("Content-Length") or 0), rules)

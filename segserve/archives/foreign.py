@@ -1,12 +1,13 @@
 """Archives segserve never built (a user's .mar or .war) as targets of a suite, registered as they are.
 
-The user's files are never changed and their model handlers never imported here (a .war's function nodes run in
-this process for `members: true`: bench/run/dag_requests.py). A .mar is copied into the bench's model store and registered
-with the point's batch size, delay, timeout and workers (management API parameters). A .war is copied with its
-spec's `models:` rewritten for the point (TorchServe reads a workflow's batching and workers from there only),
-beside copies of the .mar files its nodes name, taken from the target's model_store. What is wrong with an archive
-(not a zip, no MANIFEST, a handler that does not load) is for TorchServe to say when the point registers it: that
-point fails with its reason and the suite goes on. A .war node url that would leave the model store is refused.
+The user's files are never changed and their handlers never imported here (a .war's function nodes run for
+`members: true` in a process of their own, with its workers' environment: bench/run/dag_requests.py). A .mar is copied into
+the bench's model store and registered with the point's batch size, delay, timeout and workers (management API
+parameters). A .war is copied with its spec's `models:` rewritten for the point (TorchServe reads a workflow's
+batching and workers from there only), beside copies of the .mar files its nodes name, taken from the target's
+model_store. What is wrong with an archive (not a zip, no MANIFEST, a handler that does not load) is for TorchServe
+to say when the point registers it: that point fails with its reason and the suite goes on. A .war node url that
+would leave the model store is refused.
 """
 
 import io
@@ -29,8 +30,7 @@ from segserve.archives.archive_urls import (
     safe_relative_name,
 )
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
-from segserve.archives.registration import WORKFLOW_MODEL_KEYS
-from segserve.archives.war_dag import evaluation_order, function_names, parents_of
+from segserve.archives.war_dag import evaluation_order, function_names, node_urls, parents_of
 from segserve.errors import RuntimeFailure, UsageError
 
 FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it
@@ -64,10 +64,8 @@ class ForeignArchive:
     def nodes(self) -> dict[str, str]:
         """A .war's model nodes in DAG order (the root first) → the .mar each names; function nodes, which run in
         the frontend, have none."""
-        models = (self.spec or {}).get("models") or {}
-        urls = {node: entry.get("url") for node, entry in models.items() if node not in WORKFLOW_MODEL_KEYS and isinstance(entry, dict)}
-        order = [*self._dag_order(), *urls]
-        return {node: urls[node] for node in dict.fromkeys(order) if node in urls and isinstance(urls[node], str)}
+        urls = node_urls(self.spec, f"targets.{self.name}: {self.path.name}")
+        return {node: urls[node] for node in dict.fromkeys([*self._dag_order(), *urls]) if node in urls}
 
     def _dag_order(self) -> list[str]:
         dag = (self.spec or {}).get("dag") or {}
@@ -217,9 +215,7 @@ def _read(name: str, path: Path, store: Path, remote: dict) -> ForeignArchive:
             raise ValueError("no models: mapping")
     except (zipfile.BadZipFile, KeyError, ValueError, TypeError, yaml.YAMLError):
         return ForeignArchive(name, path, store, **remote)
-    for node, entry in spec["models"].items():  # each node's url becomes a path in the model store
-        if isinstance(entry, dict) and isinstance(entry.get("url"), str):
-            safe_relative_name(entry["url"], f"targets.{name}: {path.name}: models.{node}.url")
+    node_urls(spec, f"targets.{name}: {path.name}")  # each node's url becomes a path in the model store: checked now
     functions_file = functions_file if isinstance(functions_file, str) else None
     if functions_file is not None:  # extracted and imported for members: true
         safe_relative_name(functions_file, f"targets.{name}: {path.name}: the manifest's handler")

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from segserve.archives.registration import WORKFLOW_MODEL_KEYS
+from segserve.archives.archive_urls import safe_relative_name
+from segserve.archives.war_dag import node_urls
+from segserve.errors import UsageError
 
 MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
 PROBE = Path(__file__).with_name("handler_probe.py")  # run with -c: its own folder must not land on sys.path
@@ -109,7 +111,12 @@ def _workflow_failures(war: Path, model_store: Path, python: str, env: dict | No
     with tempfile.TemporaryDirectory(prefix="segserve-handler-") as folder:
         workflow = _extract(war, Path(folder), "WAR-INF/MANIFEST.json")["workflow"]
         spec = yaml.safe_load((Path(folder) / workflow["specFile"]).read_text()) or {}
-        models = {node: entry["url"] for node, entry in (spec.get("models") or {}).items() if node not in WORKFLOW_MODEL_KEYS}
+        try:  # nothing imported from outside the model store or the .war: what the suite's reader refuses (foreign.py)
+            models = node_urls(spec, war.name)
+            if workflow.get("handler"):
+                safe_relative_name(workflow["handler"], f"{war.name}: the manifest's handler")
+        except UsageError as error:
+            return [ImportFailure("", str(error))]
         failures = [_model_failure(model_store / url, python, env, f"node {node}") for node, url in models.items()]
         if workflow.get("handler") and set(spec.get("dag") or {}) - set(models):  # a function node runs from it
             chain = handler_import_failure(Path(folder), workflow["handler"], python, env=env)

@@ -6,7 +6,19 @@ import ast
 import zipfile
 from pathlib import Path
 
+from segserve.archives.archive_urls import safe_relative_name
+from segserve.archives.registration import WORKFLOW_MODEL_KEYS
 from segserve.errors import UsageError
+
+
+def node_urls(spec, where: str) -> dict[str, str]:
+    """A .war spec's model nodes (its `models:` entries but the workflow-wide keys) → the .mar file each names (its
+    `url`), in the spec's order. A url that is absolute or climbs out with `..` is a UsageError naming `where` and
+    the node: it becomes a path in the model store, and the handler of the .mar found there is imported and run."""
+    models = spec.get("models") if isinstance(spec, dict) else None
+    entries = models.items() if isinstance(models, dict) else ()
+    urls = {node: entry.get("url") for node, entry in entries if node not in WORKFLOW_MODEL_KEYS and isinstance(entry, dict)}
+    return {node: safe_relative_name(url, f"{where}: models.{node}.url") for node, url in urls.items() if isinstance(url, str)}
 
 
 def parents_of(dag: dict) -> dict[str, list[str]]:

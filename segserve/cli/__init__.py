@@ -1,10 +1,12 @@
 """`segserve`: one entry point, subcommands (docs/reference/cli.md). Each command is a module of this folder
 (`cmd_<name>.py`) with `add_parser(sub, common)` and `run(args)`; COMMANDS is the table of them.
 
-Errors print one line `error: ...` and exit 2 for usage/config errors, 1 for runtime failures.
+Errors print one line `error: ...` and exit 2 for usage/config errors, 1 for runtime failures; a command whose
+reader closes its output (`segserve … | head`) stops quietly with 141, as one that SIGPIPE ends.
 """
 
 import argparse
+import os
 import signal
 import sys
 
@@ -27,6 +29,7 @@ from segserve.cli import (
 )
 from segserve.cli.common import server_options
 from segserve.errors import RuntimeFailure, UsageError
+from segserve.shown_text import for_terminal
 
 # in the order `segserve --help` lists them
 COMMANDS = (
@@ -77,12 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return args.run(args)
+        status = args.run(args)
+        sys.stdout.flush()  # here, so that a reader gone before the last bytes is met below, not at exit
+        return status
+    except BrokenPipeError:  # `segserve … | head`: the reader has what it wanted; no traceback, no flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE  # 141, as a command that SIGPIPE ended
     except UsageError as error:
-        print("\n".join(f"error: {line}" for line in str(error).splitlines()), file=sys.stderr)
+        print("\n".join(f"error: {for_terminal(line)}" for line in str(error).split("\n")), file=sys.stderr)
         return 2
-    except RuntimeFailure as error:
-        print(f"error: {error}", file=sys.stderr)
+    except RuntimeFailure as error:  # it may quote a worker or a log: each line shown, its escapes not obeyed
+        print("error: " + "\n".join(map(for_terminal, str(error).split("\n"))), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

@@ -1,7 +1,10 @@
 """`segserve fuse`: a workflow archive as one model archive whose handler runs the DAG in one worker (docs/fuse.md)."""
 
+import argparse
+import re
 from pathlib import Path
 
+from segserve.bench.suite.target_spec import ENV_NAME
 from segserve.fuse import fuse
 from segserve.fuse.war import ROW_ERRORS
 
@@ -18,9 +21,25 @@ def add_parser(sub, common) -> None:
         help="a row a node refuses or fails: answered as /wfpredict answers it (workflow: the node's status dropped, "
         "a failure answered 500 'Error executing <node>'), or stopped at that node with its status and body (node)",
     )
+    p.add_argument(
+        "--worker-env",
+        nargs="+",
+        action="extend",
+        default=[],
+        type=variable_name,
+        metavar="NAME",
+        help="variables of this environment that the import check of the .war's handlers gets, as a suite's archive "
+        "target's worker_env: (they get only what TorchServe needs otherwise, and a scratch HOME)",
+    )
     p.set_defaults(run=run)
 
 
+def variable_name(name: str) -> str:
+    if not re.match(ENV_NAME, name):
+        raise argparse.ArgumentTypeError(f"{name!r}: an environment variable's name (letters, digits and '_')")
+    return name
+
+
 def run(args) -> int:
-    fuse(args.war, args.model_store, args.out, row_errors=args.row_errors)
+    fuse(args.war, args.model_store, args.out, row_errors=args.row_errors, worker_env=args.worker_env)
     return 0

@@ -6,6 +6,7 @@ import re
 import shutil
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from segserve.archives.build import run_tool, tool
 from segserve.archives.handler_check import handler_import_failure
 from segserve.errors import UsageError
 from segserve.fuse.war import ROW_ERRORS, Workflow, read_workflow
+from segserve.serving.server import archive_environment, scratch_home
 
 HANDLER = Path(__file__).with_name("fused_handler.py")
 PLAN_FILE = "fused_workflow.json"  # what fused_handler.py reads (it imports torch: not imported here)
@@ -41,10 +43,10 @@ def write_contents(workflow: Workflow, folder: Path, row_errors: str) -> None:
     (folder / PLAN_FILE).write_text(json.dumps(workflow.plan(folders, functions_file, row_errors), indent=2))
 
 
-def check_imports(workflow: Workflow, folder: Path) -> None:
+def check_imports(workflow: Workflow, folder: Path, env: dict[str, str]) -> None:
     """Each model node's handler, and the .war's function file, imported as a TorchServe worker would import it (in
-    a process of its own, all at once): one that does not is refused here, naming its node, before any server starts
-    (a worker that cannot import its handler logs only the loader's fallback error)."""
+    a process of its own, all at once, with environment `env`): one that does not is refused here, naming its node,
+    before any server starts (a worker that cannot import its handler logs only the loader's fallback error)."""
     handlers = {}  # node → (its folder, its handler string)
     for node in workflow.archives:
         manifest = json.loads((folder / "nodes" / node / "MAR-INF" / "MANIFEST.json").read_text())
@@ -54,15 +56,19 @@ def check_imports(workflow: Workflow, folder: Path) -> None:
         path = folder / "workflow" / workflow.functions_file
         handlers[functions[0]] = (path.parent, f"{path.name}:{functions[0]}")
     with ThreadPoolExecutor(len(handlers)) as pool:
-        failures = dict(zip(handlers, pool.map(lambda h: handler_import_failure(*h), handlers.values()), strict=True))
+        failures = dict(zip(handlers, pool.map(lambda h: handler_import_failure(*h, env=env), handlers.values()), strict=True))
     for node in workflow.order:
         if failures.get(node):
             raise UsageError(f"{workflow.path}: node {node}: its handler does not import: {failures[node]}")
 
 
-def fuse(war: Path, model_store: Path, out: Path | None = None, log=print, row_errors: str = "workflow") -> Path:
+def fuse(
+    war: Path, model_store: Path, out: Path | None = None, log=print, row_errors: str = "workflow", worker_env: Sequence[str] = ()
+) -> Path:
     """Write the fused .mar (out, or <model_store>/fused_<workflow>.mar); nothing is written when the .war is refused,
-    and no file that was there is changed but `out`."""
+    and no file that was there is changed but `out`. Its handlers are imported (check_imports) with the environment
+    a user's archive's workers get: of segserve's own, what TorchServe needs and the names in `worker_env` (as a
+    suite's archive target lists them), in a scratch HOME (server.py archive_environment)."""
     if not model_store.is_dir():
         raise UsageError(f"--model-store {model_store}: no such folder")
     if row_errors not in ROW_ERRORS:
@@ -79,7 +85,7 @@ def fuse(war: Path, model_store: Path, out: Path | None = None, log=print, row_e
     with tempfile.TemporaryDirectory(prefix="segserve-fuse-") as staging:
         extra = Path(staging) / "extra"
         write_contents(workflow, extra, row_errors)
-        check_imports(workflow, extra)
+        check_imports(workflow, extra, archive_environment(worker_env, scratch_home(Path(staging) / "home")))
         shutil.copy2(HANDLER, Path(staging) / HANDLER.name)
         export = Path(staging) / "export"
         export.mkdir()

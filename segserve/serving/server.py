@@ -11,6 +11,8 @@ folder in their environment (segserve/serving/processes.py), not by a pid file, 
 import fcntl
 import os
 import re
+import shutil
+import site
 import subprocess
 import sys
 import time
@@ -53,10 +55,9 @@ SERVER_ENV = {
 # suite lists (TorchServe.worker_env): what TorchServe, Java and a Python worker need to start, nothing more. An
 # archive is code, and every worker inherits the frontend's environment whole (TorchServe 0.12's
 # EnvironmentUtils.getEnvString): segserve's own holds credentials (AWS_*, tokens) that a user's handler has no
-# business reading.
+# business reading. Not HOME: archive_environment gives a scratch one (boto3 and the like read ~/.aws/credentials).
 ARCHIVE_BASE_ENV = (
     "PATH",
-    "HOME",
     "USER",
     "LANG",
     "LC_ALL",
@@ -70,11 +71,34 @@ ARCHIVE_BASE_ENV = (
 )
 
 
-def archive_environment(worker_env) -> dict[str, str]:
-    """Of this process's environment, what a user's archive's code gets (its server's workers, a .war's function
-    nodes run for `members: true`): ARCHIVE_BASE_ENV, SERVER_ENV's names and the names its suite lists."""
+def archive_environment(worker_env, home: Path) -> dict[str, str]:
+    """Of this process's environment, what a user's archive's code gets (its server's frontend and workers, a .war's
+    function nodes run for `members: true`, the import checks of `segserve fuse` and of a failed registration):
+    ARCHIVE_BASE_ENV, SERVER_ENV's names and the names its suite lists, with `home` (a scratch_home) as its HOME and
+    its caches' folder. A name the suite lists (HOME, TORCH_HOME, ...) wins: the user asked for it."""
     kept = {*ARCHIVE_BASE_ENV, *SERVER_ENV, *worker_env}
-    return {name: value for name, value in os.environ.items() if name in kept}
+    caches = home / ".cache"
+    scratch = {
+        # the user's ~ holds credentials that tools find by themselves (~/.aws/credentials, ~/.netrc, ~/.config/...)
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(caches),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "TORCH_HOME": str(caches / "torch"),  # torch.hub's downloads (its default is under XDG_CACHE_HOME, ~)
+        "MPLCONFIGDIR": str(home / ".config" / "matplotlib"),
+        "PIP_CACHE_DIR": str(caches / "pip"),  # TorchServe's pip install of a requirements file (install_requirements)
+        # a Python installed with `pip install --user` (torchserve too) keeps finding its packages without the user's ~
+        "PYTHONUSERBASE": site.getuserbase(),
+    }
+    return scratch | {name: value for name, value in os.environ.items() if name in kept}
+
+
+def scratch_home(folder: Path) -> Path:
+    """`folder` made afresh, empty, with mode 0700: the HOME of a user's archive's processes (archive_environment),
+    where its tools keep their caches and find none of the user's files. Whoever makes it removes it."""
+    shutil.rmtree(folder, ignore_errors=True)  # a stale one of an earlier start in the same run folder
+    folder.mkdir(mode=0o700, parents=True)
+    os.chmod(folder, 0o700)  # mkdir's mode passes through the umask: exact, whatever the umask
+    return folder
 
 
 @dataclass
@@ -220,8 +244,15 @@ class TorchServe(ManagementClient):
         self.env = {**self.env, "SEGSERVE_CORE_PLAN": str(write_plan_json(plan, self.run_dir))}
         return plan
 
+    @property
+    def archive_home(self) -> Path:
+        """The scratch HOME of a user's archive's server (worker_env set): made at start, removed at stop."""
+        return self.run_dir / "archive-home"
+
     def _environment(self, logs: Path) -> dict[str, str]:
-        inherited = os.environ if self.worker_env is None else archive_environment(self.worker_env)
+        inherited = os.environ
+        if self.worker_env is not None:
+            inherited = archive_environment(self.worker_env, scratch_home(self.archive_home))
         return {
             **SERVER_ENV,
             **inherited,
@@ -330,6 +361,8 @@ class TorchServe(ManagementClient):
         e.g. "frontend pid 12, 3 workers (process group 9)", or "" when nothing ran."""
         stopped = processes.stop(self.run_dir, timeout_s, self._own_ports())
         self.pid_path.unlink(missing_ok=True)
+        if self.worker_env is not None:  # its processes are gone: what they kept in their HOME goes too
+            shutil.rmtree(self.archive_home, ignore_errors=True)
         return stopped
 
     def __enter__(self) -> "TorchServe":
@@ -344,8 +377,8 @@ class TorchServe(ManagementClient):
 
     def code_environment(self) -> dict[str, str] | None:
         """The environment a user's archive's code gets beside this server (management.py imports a handler that
-        did not load in it): its workers' (worker_env); None: segserve's whole one."""
-        return None if self.worker_env is None else archive_environment(self.worker_env)
+        did not load in it): its workers' (worker_env, their scratch HOME); None: segserve's whole one."""
+        return None if self.worker_env is None else archive_environment(self.worker_env, self.archive_home)
 
     def log_tail(self, lines: int = 40) -> str:
         chunks = []

@@ -25,6 +25,7 @@ from segserve.bench.results import manifest_check
 from segserve.bench.results.render import render_table
 from segserve.bench.results.store import read_pipelines
 from segserve.cli import main
+from segserve.shown_text import for_markdown
 from tests.integration.test_export import aws  # noqa: F401 (the fixture: moto's S3 on loopback)
 
 BIN = Path(sys.executable).parent
@@ -43,8 +44,11 @@ class TinySegmenter(BaseHandler):
     """Raw float32 [3, 32, 32] in, one class byte per pixel out."""
 
     def initialize(self, context):
-        # the names in this worker's environment, for the test that a user's archive gets no credentials
-        (Path("ENVIRON_DIR") / f"{os.getpid()}.json").write_text(json.dumps(sorted(os.environ)))
+        # the names in this worker's environment and its HOME, for the test that a user's archive gets no credentials
+        home = os.environ.get("HOME", "")
+        mode = oct(os.stat(home).st_mode & 0o777) if os.path.isdir(home) else None
+        report = {"names": sorted(os.environ), "home": home, "home_mode": mode}
+        (Path("ENVIRON_DIR") / f"{os.getpid()}.json").write_text(json.dumps(report))
         super().initialize(context)
 
     def preprocess(self, data):
@@ -253,7 +257,8 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
     fused = folder / "best" / "fused"
     assert zipfile.is_zipfile(fused / "fused_pipeline.mar") and not (folder / "best" / "fused.txt").exists()
     k8s = list(yaml.safe_load_all((fused / "k8s.yaml").read_text()))
-    service, policy = yaml.safe_load_all((fused / "kserve.yaml").read_text())  # the InferenceService and its NetworkPolicy (#58)
+    kserve = {d["kind"]: d for d in yaml.safe_load_all((fused / "kserve.yaml").read_text())}  # with its NetworkPolicy and AuthorizationPolicy
+    service = kserve["InferenceService"]
     assert manifest_check.kubernetes_problems(k8s) == [] and manifest_check.inference_service_problems(service) == []
     assert '"marName":"fused_pipeline.mar"' in next(d for d in k8s if d["kind"] == "ConfigMap")["data"]["config.properties"]
 
@@ -295,7 +300,7 @@ def test_broken_archives_fail_their_points_with_torchserves_reason_and_the_suite
     assert error.startswith(f"RuntimeFailure: {cause}; registering needsdep.mar as needsdep failed: HTTP 500"), error
     # the causes in the terminal and in report.md too
     out, report = capsys.readouterr().out, (folder / "report.md").read_text()
-    assert f"FAILED {rows['needsdep']['error']}" in out and rows["classifier"]["error_cause"] in report
+    assert f"FAILED {rows['needsdep']['error']}" in out and for_markdown(rows["classifier"]["error_cause"]) in report
 
 
 @pytest.mark.long  # a server of its own (install_py_dep_per_model) and pip: about 20 s (make test-long)
@@ -418,5 +423,10 @@ def test_archives_at_urls_are_fetched_and_benchmarked_and_one_that_does_not_answ
     written = capsys.readouterr().out + "".join(p.read_text() for p in files)
     assert "user:secret" not in written and "token=abc" not in written
     reports = [json.loads(p.read_text()) for p in (user_archives / "environ").iterdir()]  # a tiny worker each
-    assert len(reports) >= 2 and all("SEGSERVE_PASSED_ON" in names and "PATH" in names for names in reports), reports
-    assert not [name for names in reports for name in names if name.startswith("AWS_") or name == "GITHUB_TOKEN"], reports
+    names = [report["names"] for report in reports]
+    assert len(reports) >= 2 and all("SEGSERVE_PASSED_ON" in them and "PATH" in them for them in names), reports
+    assert not [name for them in names for name in them if name.startswith("AWS_") or name == "GITHUB_TOKEN"], reports
+    # not the user's HOME (boto3 would find ~/.aws/credentials there): its server's scratch one, 0700, gone at its stop
+    homes = {report["home"]: report["home_mode"] for report in reports}
+    assert all(Path(home).name == "archive-home" and mode == "0o700" for home, mode in homes.items()), homes
+    assert not [home for home in homes if Path(home).exists()], homes

@@ -7,12 +7,14 @@ import datetime
 import hashlib
 import http.server
 import ipaddress
+import os
 import ssl
+import stat
 import threading
 
 import pytest
 
-from segserve.archives.archive_urls import DownloadRules, fetch
+from segserve.archives.archive_urls import DownloadRules, cache_folder, fetch, redirect_problem
 from segserve.errors import RuntimeFailure, UsageError
 
 ARCHIVE = b"PK\x03\x04 a user's archive " * 256  # 6 KB
@@ -85,6 +87,58 @@ def test_a_redirect_to_plain_http_beyond_loopback_is_refused(origin, tmp_path):
     with pytest.raises(RuntimeFailure, match=r"redirected to http://example\.com/x\.mar: plain http goes to loopback only"):
         fetch(f"{first}/to/http://example.com/x.mar", tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_https_download_redirected_to_plain_http_on_loopback_is_refused_before_anything_is_asked(origin, tmp_path, monkeypatch):
+    ca_file, server_tls = certificates(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    secure, _ = origin(server_tls)
+    plain, seen_plain = origin()
+    with pytest.raises(RuntimeFailure, match=rf"redirected to {plain}/x\.mar: a redirect from https to plain http is refused$"):
+        fetch(f"{secure}/to/{plain}/x.mar", tmp_path / "cache")
+    assert seen_plain == [] and list((tmp_path / "cache").iterdir()) == []
+
+
+PUBLIC = "https://93.184.216.34/x.mar"  # an address on the internet, written as one: nothing to resolve
+
+
+@pytest.mark.parametrize(
+    ("first", "to", "says"),
+    [
+        (PUBLIC, "http://93.184.216.35/x.mar", "a redirect from https to plain http"),  # with plain_http: true too
+        (PUBLIC, "https://127.0.0.1:8081/models", "a redirect to a loopback address is refused (the download began at a public one)"),
+        (PUBLIC, "https://localhost:8081/models", "a redirect to a loopback address"),
+        (PUBLIC, "https://[::ffff:127.0.0.1]:8081/x.mar", "a redirect to a loopback address"),
+        (PUBLIC, "https://0.0.0.0:8081/x.mar", "a redirect to a loopback address"),
+        (PUBLIC, "https://169.254.169.254/latest/meta-data/", "a redirect to a link-local address"),  # a cloud's metadata
+        (PUBLIC, "https://10.0.0.7/x.mar", "a redirect to a private address"),
+        (
+            "https://10.0.0.7/x.mar",
+            "https://127.0.0.1/x.mar",
+            "a redirect to a loopback address is refused (the download began at a private one)",
+        ),
+        (PUBLIC, "https://93.184.216.35/x.mar", None),
+        ("https://10.0.0.7/x.mar", "https://10.0.0.8/x.mar", None),  # an archive store inside: its redirects stay inside
+        ("http://127.0.0.1:1/x.mar", "http://localhost:2/x.mar", None),
+    ],
+)
+def test_a_redirect_may_not_downgrade_nor_reach_inward_from_where_the_download_began(first, to, says):
+    problem = redirect_problem(first, to, DownloadRules(plain_http=True))
+    assert problem is None if says is None else says in (problem or ""), problem
+
+
+def test_the_cache_is_made_for_this_user_alone_and_one_of_another_user_is_refused(origin, tmp_path, monkeypatch):
+    base, _ = origin()
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SEGSERVE_CACHE", str(root))
+    root.mkdir()
+    root.chmod(0o755)  # as a usual umask left it
+    fetched = fetch(f"{base}/x.mar", cache_folder(f"{base}/"))
+    for path in (root, root / "archives", fetched.parent):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(root).st_uid + 1)
+    with pytest.raises(UsageError, match=rf"^{root}: the archive cache belongs to user id \d+, not to you \(\d+\)"):
+        cache_folder("https://h.example/v1/")
 
 
 @pytest.mark.parametrize("path", ["/x.mar", "/unsized.mar"])

@@ -98,3 +98,10 @@ def test_the_cli_starts_without_torch():
     check = f"import sys, segserve.cli; segserve.cli.parser(); print(sorted(m for m in {heavy} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]
+
+
+def test_an_error_is_printed_with_its_escapes_shown_not_obeyed(tmp_path, capsys):
+    # an error may quote a worker, an answer or a file name: an ANSI escape or a CR in it must not reach the terminal
+    assert main(["predict", str(tmp_path / "x\x1b[2J\r.jpg"), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: no such image or folder: {tmp_path}/x\\x1b[2J .jpg\n", err

@@ -12,7 +12,9 @@ from segserve.bench.results.report import _failures_section
 from segserve.bench.run.failures import LOG_TIME, TIMED_OUT, LogMark, attributed, failure_line, input_names, merged, node_failures
 from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.load import SAMPLE_BYTES, LoadResult, LoadSpec, run_load
+from segserve.bench.run.progress import Progress
 from segserve.bench.suite.input_spec import InputSpec
+from segserve.bench.suite.plan import Point
 from tests.conftest import serving
 
 DATA = Path(__file__).parent / "data"
@@ -205,6 +207,38 @@ def test_the_report_has_one_row_per_kind_with_its_sample_and_one_per_failing_nod
     assert "| wf-1 | flaky | 8 | 3 | 2 | 3 |" in text and "ValueError: flaky cannot take boom" in text
     assert "| wf-1 | first |" not in text  # invoked, never failed
     assert _failures_section([{"run_id": "ok-1", "failures": None}]) == []
+
+
+# what a handler may answer or raise: Markdown, HTML, ANSI escapes, a CR LF and a line separator (issue 64)
+HOSTILE = "a|b <script>alert(1)</script> \x1b[31mred\x1b[0m\r\nnext ![i](http://evil.example/i.png)\u2028`x` *y*"
+HOSTILE_SHOWN = r"a\|b &lt;script&gt;alert(1)&lt;/script&gt; \\x1b\[31mred\\x1b\[0m next !\[i\](http://evil.example/i.png) \`x\` \*y\*"
+
+
+def test_answers_worker_errors_and_file_names_are_shown_literally_in_the_report_and_on_the_terminal():
+    failures = attributed(_result([(500, 0, HOSTILE.encode())]), ["x\x1b[2J.jpg"], timeout_s=30)
+    failures["by_node"] = node_failures(TS_LOG, MODEL_LOG.replace("flaky cannot take boom", HOSTILE.replace("\r\n", " ")))
+    lines = _failures_section([{"run_id": "wf-1", "failures": failures}])
+    text = "\n".join(lines)
+    assert not any(raw in text for raw in ("\x1b", "\r", "\u2028", "<script>", "![i]")), text
+    assert f"| wf-1 | x\\\\x1b\\[2J.jpg | 500 | – | 1 | {HOSTILE_SHOWN} |" in text.splitlines(), text  # one row, cells whole
+    worker_error = HOSTILE_SHOWN.split(" \\`")[0]  # the log's line ends at the U+2028 (str.splitlines)
+    assert (
+        f"| 3 | org.pytorch.serve.http.InternalServerException: Prediction failed (1); {TIMED_OUT} (2) | ValueError: {worker_error} |"
+        in text
+    )
+    shown = []
+    record = {
+        "error": None,
+        "throughput_rps": 1.0,
+        "latency_p99_ms": 2.0,
+        "requests_failed": 1,
+        "error_cause": HOSTILE,
+        "failures": failures,
+    }
+    Progress(1, shown.append).step(Point("flow", (), (), (), ()), record, 1.0)
+    assert len(shown) == 2 and not any(c in "".join(shown) for c in "\x1b\r\n\u2028"), shown
+    assert "1 failed: a|b <script>alert(1)</script> \\x1b[31mred\\x1b[0m next ![i]" in shown[0]  # readable, inert
+    assert "input x\\x1b[2J.jpg (1)" in shown[1], shown
 
 
 def _result(failures: list[tuple[int, int, bytes]]) -> LoadResult:

@@ -147,6 +147,22 @@ def test_a_war_names_each_node_whose_mar_fails_and_its_function_file(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("url", ["../outside.mar", "OUTSIDE"])
+def test_a_war_node_url_that_leaves_the_model_store_is_said_and_its_mar_never_imported(tmp_path, url):
+    # the suite's reader refuses such a url (foreign.py); the check after a failed registration must not import it either
+    store, marker = tmp_path / "store", tmp_path / "imported"
+    store.mkdir()
+    outside = mar(tmp_path / "outside.mar", "h.py", {"h.py": f"open({str(marker)!r}, 'w').close()\n"})
+    url = str(outside) if url == "OUTSIDE" else url  # absolute, or climbing out with '..'
+    manifest = {"workflow": {"workflowName": "w", "specFile": "w.yaml", "handler": "w_functions.py"}}
+    with zipfile.ZipFile(store / "w.war", "w") as zipped:
+        zipped.writestr("WAR-INF/MANIFEST.json", json.dumps(manifest))
+        zipped.writestr("w.yaml", json.dumps({"models": {"n": {"url": url}}, "dag": {"n": []}}))
+    (failure,) = archive_import_failures(store / "w.war", store)
+    assert failure.line() == f"w.war: models.n.url: {url!r} is not a relative name inside its folder (no absolute path, no '..')"
+    assert not marker.exists()
+
+
 def test_what_is_not_an_archive_is_left_for_torchserve_to_name(tmp_path):
     (tmp_path / "junk.mar").write_bytes(b"not a zip")
     assert archive_import_failures(tmp_path / "junk.mar", tmp_path) == []

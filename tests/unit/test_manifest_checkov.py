@@ -49,7 +49,7 @@ def failed(tmp_path_factory) -> dict[str, set[str]]:
         env.setenv(pods.COPY_IMAGE_ENV, f"amazon/aws-cli@{DIGEST}")
         folder = tmp_path_factory.mktemp("fused")
         flow = ForeignArchive("seed_flow", folder / "seed_flow.war", folder, spec, "spec.yaml")
-        finish_best(folder, flow, chosen, fuse=lambda war, store, out, log: write_mar(out))
+        finish_best(folder, flow, chosen, fuse=lambda war, store, out, log, **_: write_mar(out))
         files["fused"] = folder / "results" / "best" / "fused" / "k8s.yaml"
     command = [checkov(), "--framework", "kubernetes", "--skip-download", "-o", "json"]
     for path in files.values():

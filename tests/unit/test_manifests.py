@@ -90,14 +90,17 @@ def record(**values) -> dict:
     return {**base, "environment": environment, **values}
 
 
-def finish_best(tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None, log=print, fuse=None) -> Path:
-    """The Best sink as a suite's end runs it, on a catalog holding only this archive target."""
+def finish_best(tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None, log=print, fuse=None, worker_env=()) -> Path:
+    """The Best sink as a suite's end runs it, on a catalog holding only this archive target (its suite's worker_env)."""
     target = foreign.target()
     catalog = SimpleNamespace(targets={target.name: target}, foreign={target.name: foreign}, config_template=ROOT / "config.properties")
     out = tmp_path / "results"
     out.mkdir()
     run = SimpleNamespace(
-        analysis=SimpleNamespace(winners={target.name: chosen}), out_dir=out, environment={}, suite=SimpleNamespace(core_plan=core_plan)
+        analysis=SimpleNamespace(winners={target.name: chosen}),
+        out_dir=out,
+        environment={},
+        suite=SimpleNamespace(core_plan=core_plan, archive_worker_env=worker_env),
     )
     Best(catalog, log, fuse).finish(run)
     return out / "best"

@@ -1,8 +1,11 @@
 """Core plans: validation, and a real TorchServe whose workers pin themselves to their model's slots;
 without a plan, workers of a model share its cores."""
 
+import fcntl
 import multiprocessing
 import os
+import stat
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,4 +114,70 @@ def test_a_worker_compiling_waits_for_its_peers_then_keeps_its_threads(tmp_path,
 
 def workers_dir(server, model: str) -> Path:
     """Where a server's workers of `model` hold their locks: its TMPDIR, its process group (the launcher's pid)."""
-    return server.run_dir / "tmp" / WORKERS_DIR / str(server.running_pid()) / model
+    return server.run_dir / "tmp" / f"{WORKERS_DIR}-{os.getuid()}" / str(server.running_pid()) / model
+
+
+def test_a_lock_folder_of_the_shared_tmp_that_is_open_to_others_a_link_or_another_users_is_not_used(tmp_path, monkeypatch, caplog):
+    """Under a stock `torchserve` the workers' locks live in the shared /tmp: in a folder another local user made (or
+    may write) they could hold a worker's lock file, so that it waits, or add lock files that shrink its share. Such
+    a folder is not used: the worker counts alone and says why."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # gettempdir(): the shared /tmp of a stock torchserve
+    cores, threads_before, uid = len(os.sched_getaffinity(0)), torch.get_num_threads(), os.getuid()
+    root = tmp_path / f"{WORKERS_DIR}-{uid}"
+    try:
+        for folder in (tmp_path / WORKERS_DIR, root):  # the name of old, and the user's own
+            folder.mkdir()
+            os.chmod(folder, 0o777)
+        with caplog.at_level("WARNING", logger="handlers.pinning"):
+            shared = SharedCores("m")
+        assert sorted(tmp_path.rglob("*")) == sorted([tmp_path / WORKERS_DIR, root])  # nothing made in either
+        assert shared.threads == cores and shared.lock is None  # alone: no peer counted, no file of its own
+        assert f"{root}: not a folder of user {uid} with mode 0700 (mode drwxrwxrwx, user {uid}), not used" in caplog.text
+        os.chmod(root, 0o700)
+        root.rename(tmp_path / "mine")
+        root.symlink_to(tmp_path / "mine")  # a link in its place: not followed
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="handlers.pinning"):
+            assert SharedCores("m").lock is None and list((tmp_path / "mine").iterdir()) == []
+        assert "(mode lrwxrwxrwx" in caplog.text
+        root.unlink()
+        (tmp_path / "mine").rename(root)  # mode 0700, but seen from another user: theirs
+        monkeypatch.setattr(os, "getuid", lambda: uid + 1)
+        root.rename(tmp_path / f"{WORKERS_DIR}-{uid + 1}")
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="handlers.pinning"):
+            assert SharedCores("m").lock is None
+        assert f"not a folder of user {uid + 1} with mode 0700 (mode drwx------, user {uid})" in caplog.text
+        assert list(tmp_path.rglob("*.lock")) == []
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def test_a_folder_of_the_users_own_is_made_with_mode_0700_and_used(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    threads_before = torch.get_num_threads()
+    try:
+        shared = SharedCores("m")
+        root = tmp_path / f"{WORKERS_DIR}-{os.getuid()}"
+        assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700 and shared.lock is not None
+        assert (root / str(os.getpgid(0)) / "m" / f"{os.getpid()}.lock").is_file()
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def test_a_lock_file_another_process_holds_is_waited_on_a_bounded_time_then_the_worker_counts_alone(tmp_path, monkeypatch, caplog):
+    """A worker waits for its own lock file only while a peer removes a stale one of its pid; one held longer (by a
+    process that shares the folder from another pid namespace, say) never keeps it waiting for ever."""
+    monkeypatch.setattr(pinning, "REGISTER_WAIT_S", 0.3)
+    threads_before = torch.get_num_threads()
+    with open(tmp_path / f"{os.getpid()}.lock", "a+") as held:  # another open file: its flock excludes ours
+        fcntl.flock(held, fcntl.LOCK_EX)
+        started = time.monotonic()
+        try:
+            with caplog.at_level("WARNING", logger="handlers.pinning"):
+                shared = SharedCores("m", directory=tmp_path)
+            assert time.monotonic() - started < 5
+            assert shared.lock is None and shared.threads == len(os.sched_getaffinity(0))
+            assert f"{os.getpid()}.lock: held by another process for 0.3 s: this worker is not counted" in caplog.text
+        finally:
+            torch.set_num_threads(threads_before)

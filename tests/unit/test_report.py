@@ -248,9 +248,9 @@ def test_compare_lists_unmatched_points_and_ignores_them_for_regression(tmp_path
 
 def test_compare_counts_a_newly_failing_point_as_regression(tmp_path):
     old = write_results(tmp_path / "old", [record("a", "seg", 100.0, 100.0)])
-    new = write_results(tmp_path / "new", [record("a", "seg", None, None, error="timeout")])
+    new = write_results(tmp_path / "new", [record("a", "seg", None, None, error="timeout \x1b[2J\rby a worker")])
     text, regressed = compare(CompareRun(old, new))
-    assert regressed and "now failing: timeout" in text
+    assert regressed and "now failing: timeout \\x1b[2J by a worker REGRESSED" in text  # its escapes shown, not obeyed
 
 
 def test_compare_names_the_missing_summary(tmp_path):

@@ -17,6 +17,7 @@ from segserve.bench.results.stats import uncertainty
 from segserve.bench.results.store import read_runs, read_summary
 from segserve.errors import UsageError
 from segserve.machine.identity import differences, identified, label, machines_of
+from segserve.shown_text import for_terminal
 
 
 def archive_targets(folder: Path) -> dict[str, str]:
@@ -234,7 +235,7 @@ def compare(run: CompareRun) -> tuple[str, bool]:
         if after.get("error") and not before.get("error"):
             # a point that used to work and now fails is the worst regression there is
             slower = True
-            lines.append(f"{run_id}: now failing: {after['error']} REGRESSED")
+            lines.append(f"{run_id}: now failing: {for_terminal(after['error'])} REGRESSED")  # a worker's words, shown
             continue
         change = throughput_change(windows_of(old_runs.get(run_id, {})), windows_of(new_runs.get(run_id, {})), min_effect)
         changes.append(change)

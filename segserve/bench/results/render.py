@@ -5,6 +5,7 @@ import math
 
 from segserve.bench.results.analysis import Analysis
 from segserve.bench.suite.columns import METRICS, satisfies
+from segserve.shown_text import for_markdown
 
 UNIT_SUFFIXES = ("_rps", "_ms", "_pct", "_mb", "_s")
 
@@ -20,8 +21,8 @@ def cell(value) -> str:
         if abs(value) >= 100:
             return f"{value:.0f}"
         return f"{value:.1f}" if abs(value) >= 1 else f"{value:.3g}"
-    # a pipe or newline inside a cell (error messages) would break the table
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    # text may come from outside (an answer's body, a worker's exception): literal, on its line, in its cell
+    return for_markdown(value)
 
 
 def render_table(records: list[dict], columns: list[str] | None = None) -> str:

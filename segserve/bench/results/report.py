@@ -107,7 +107,7 @@ def _environment_section(suite_name: str, environment: dict, objective: str, con
     """The title, the machine and versions, what the suite optimises and under which constraints."""
     env_rows = [{"key": k, "value": json.dumps(v) if isinstance(v, dict | list) else v} for k, v in environment.items()]
     return [
-        f"# Benchmark report: {suite_name}",
+        f"# Benchmark report: {cell(suite_name)}",
         "",
         "## Environment",
         "",

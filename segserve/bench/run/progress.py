@@ -4,6 +4,7 @@ import time
 
 from segserve.bench.run.failures import failure_line
 from segserve.bench.suite.plan import Point
+from segserve.shown_text import for_terminal
 
 
 class Progress:
@@ -36,6 +37,8 @@ class Progress:
                 outcome += f", DISTURBED (others took {record.get('others_cpu_pct') or 0:.0f}% of the machine)"
             if record.get("bare_disturbed"):
                 outcome += f", its bare forward DISTURBED (others took {record.get('bare_others_cpu_pct') or 0:.0f}% of the machine)"
-        self.log(f"[{bar:<20}] {self.done}/{self.total} {point.target} {params}: {outcome} ({elapsed_s:.0f}s; ETA {eta_s / 60:.1f} min)")
-        if line := failure_line(point.run_id, record.get("failures")):
-            self.log(line)
+        # errors, causes and input names come from outside (workers, answers, files): shown, never obeyed (ANSI, CR)
+        line = f"[{bar:<20}] {self.done}/{self.total} {point.target} {params}: {outcome} ({elapsed_s:.0f}s; ETA {eta_s / 60:.1f} min)"
+        self.log(for_terminal(line))
+        if failed := failure_line(point.run_id, record.get("failures")):
+            self.log(for_terminal(failed))

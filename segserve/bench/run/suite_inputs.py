@@ -3,6 +3,7 @@ digests (load settings, inputs, archive recipe, server config) that go into its 
 
 import hashlib
 import json
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -79,13 +80,14 @@ class SuiteInputs:
     def node_requests(self, workflow: str, phase: str | None = None) -> dict[str, list[bytes]]:
         """What each node of a user's .war is sent for the .war's inputs: its model nodes' answers captured by
         registering each alone on a server (`capture`), its function nodes run in processes of their own with the
-        environment its workers get (dag_requests.workflow_node_requests)."""
+        environment its workers get, a scratch HOME of their own (dag_requests.workflow_node_requests)."""
         if self.capture is None:
             raise RuntimeFailure(f"{workflow}: its members' inputs are what its nodes answer, captured on a server (none here)")
-        from segserve.serving.server import archive_environment
+        from segserve.serving.server import archive_environment, scratch_home
 
-        env = archive_environment(self.suite.archive_targets[workflow].worker_env)
-        return workflow_node_requests(self.catalog.foreign[workflow], self.bodies_for(workflow, phase), self.capture, env)
+        with tempfile.TemporaryDirectory(prefix="segserve-archive-home-") as folder:  # removed with what they kept there
+            env = archive_environment(self.suite.archive_targets[workflow].worker_env, scratch_home(Path(folder) / "home"))
+            return workflow_node_requests(self.catalog.foreign[workflow], self.bodies_for(workflow, phase), self.capture, env)
 
     def all_images(self) -> tuple[bytes, ...]:
         """Every body the suite sends, its phases' too (what its measurements depend on)."""

@@ -313,6 +313,12 @@ class Suite(Strict):
         return {t.name: t for t in self.targets if isinstance(t, ArchiveTarget)}
 
     @property
+    def archive_worker_env(self) -> tuple[str, ...]:
+        """The names of segserve's environment a user's archive's code gets in this suite: its archive targets share
+        their servers, so each one's workers get the names any of them lists (worker_env)."""
+        return tuple(sorted({name for target in self.archive_targets.values() for name in target.worker_env}))
+
+    @property
     def command_targets(self) -> dict[str, CommandTarget]:
         return {t.name: t for t in self.targets if isinstance(t, CommandTarget)}
 
@@ -357,7 +363,7 @@ def format_errors(path: Path, error: ValidationError) -> list[str]:
             hint = f" — did you mean {close[0]!r}?" if close else ""
             lines.append(f"{path}: {dotted}: unknown key{hint}")
             continue
-        message = item["msg"].removeprefix("Value error, ")
+        message = masked_text(item["msg"].removeprefix("Value error, "))  # a validator may quote the URL it refuses
         shown = masked_text(repr(item["input"]))  # an archive URL's user:password and query values stay unprinted
         got = "" if item["type"] == "missing" or "got" in message or "unknown metric" in message else f" (got {shown})"
         if item["type"] == "literal_error":
@@ -375,7 +381,7 @@ def load_suite(path: Path, catalog: Catalog) -> Suite:
     except OSError as error:
         raise UsageError(f"{path}: cannot read suite ({error.strerror})") from None
     except yaml.YAMLError as error:
-        raise UsageError(f"{path}: not valid YAML: {error}") from None
+        raise UsageError(f"{path}: not valid YAML: {masked_text(str(error))}") from None  # it quotes the line
     if not isinstance(raw, dict):
         raise UsageError(f"{path}: a suite is a mapping with 'targets' and 'inputs' (got {type(raw).__name__})")
     unknown_targets = [
@@ -413,16 +419,27 @@ def add_members(suite: Suite, catalog: Catalog) -> None:
         if taken and any(catalog.foreign.get(name) not in members for name in taken):
             raise UsageError(f"targets.{war.name}.members: {', '.join(taken)} is already a target: rename it")
         catalog.add_foreign(members)
-        entries = [
-            ArchiveTarget(name=m.name, archive=m.source or str(m.path), model_store=war.model_store, inputs=war.inputs)
-            if m.workflow is None  # the start node is sent the .war's inputs, the others what its DAG makes of them
-            else ArchiveTarget(name=m.name, archive=m.source or str(m.path), model_store=war.model_store)
-            for m in members
-            if m.name not in suite.target_names
-        ]
+        entries = [member_target(war, m) for m in members if m.name not in suite.target_names]
         at = targets.index(war) + 1
         targets[at:at] = entries
     suite.targets = targets
+
+
+def member_target(war: ArchiveTarget, member) -> ArchiveTarget:
+    """A .war member's own archive target (foreign.ForeignArchive.members): fetched under its .war's download rules
+    (plain_http, the size cap, its pin where it is fetched from a URL), run with its .war's worker_env and
+    install_requirements; sent the .war's inputs when it is the start node, else what the DAG makes of them."""
+    keys = {"name": member.name, "archive": member.source or str(member.path), "model_store": war.model_store}
+    keys |= {"plain_http": war.plain_http, "max_download_mb": war.max_download_mb, "worker_env": war.worker_env}
+    keys |= {"sha256": war.sha256 if member.source else {}, "install_requirements": war.install_requirements}
+    keys |= {"inputs": war.inputs} if member.workflow is None else {}
+    try:
+        return ArchiveTarget(**keys)
+    except ValidationError as error:  # one line, its URLs masked: never pydantic's text, which quotes them whole
+        problem = error.errors()[0]
+        key = "".join(f"{part}: " for part in problem["loc"][:1])  # a model validator's message names its own key
+        message = masked_text(problem["msg"].removeprefix("Value error, "))
+        raise UsageError(f"targets.{war.name}.members: {member.name}: {key}{message}") from None
 
 
 def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:

@@ -41,6 +41,7 @@ class HttpTarget(Strict):
 
 PEER_PROTOCOLS = ("plain", "kserve-v2-binary")
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # a variable worker_env names (segserve fuse --worker-env too)
 
 
 class CommandTarget(Strict):
@@ -112,7 +113,7 @@ class ArchiveTarget(Strict):
     members: bool = False
     """A .war: measure each model node's .mar alone too, as target `<name>-<node>`, sent what the workflow sends it:
     the start node this target's inputs, every other node what the DAG makes of them (model nodes' answers captured
-    through a registration of each, function nodes run from the .war's own function file in segserve's process, a
+    through a registration of each, function nodes run from the .war's own function file in a process of their own, a
     join one form field per parent): the efficiency table's bounds, and the auto search's probes"""
     install_requirements: bool = False
     """Install the requirements file the archive brings (torch-model-archiver --requirements-file; a .war's node
@@ -130,7 +131,7 @@ class ArchiveTarget(Strict):
     plain_http: bool = False
     """Allow http:// URLs to hosts beyond loopback (the archive, which is code, and its credentials cross the network
     readable and changeable)"""
-    worker_env: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = []
+    worker_env: list[Annotated[str, Field(pattern=ENV_NAME)]] = []
     """Names of variables of segserve's environment this archive's workers get besides what TorchServe needs
     (docs/benchmarking.md): say AWS_PROFILE for a handler that reads S3; credentials reach them only so. The archive
     targets of a suite share their servers: each one's workers get the names any of them lists"""
@@ -138,7 +139,7 @@ class ArchiveTarget(Strict):
     @field_validator("archive")
     @classmethod
     def archive_file(cls, archive: str) -> str:
-        if _archive_suffix(archive) not in (".mar", ".war"):
+        if _archive_suffix(archive) not in (".mar", ".war", None):
             raise ValueError(f"{archive!r}: give a .mar or .war file")
         return archive
 
@@ -165,9 +166,13 @@ class ArchiveTarget(Strict):
         return self
 
 
-def _archive_suffix(archive: str) -> str:
-    """.mar or .war, of a path or of a URL's path (a presigned URL's query after it)."""
-    return PurePosixPath(urlsplit(archive).path).suffix
+def _archive_suffix(archive: str) -> str | None:
+    """.mar or .war, of a path or of a URL's path (a presigned URL's query after it); None for a URL whose host
+    urllib does not read (a password's raw '['): the download keys' check says why."""
+    try:
+        return PurePosixPath(urlsplit(archive).path).suffix
+    except ValueError:
+        return None
 
 
 def _target_kind(value) -> str:

@@ -7,6 +7,7 @@ command target writes nothing: it is not ours to deploy."""
 import json
 import shlex
 import shutil
+from functools import partial
 from pathlib import Path
 from urllib.parse import quote, urlencode
 
@@ -59,7 +60,7 @@ class Best(Sink):
     """best/ from the best workflow or fused point (else any target's of ours), by its kind (the module's doc)."""
 
     def __init__(self, catalog: Catalog, log=print, fuse=None):
-        # fuse(war, model_store, out, log) → the fused .mar (segserve/fuse/, given by the command: a layer above this)
+        # fuse(war, model_store, out, log, worker_env=) → the fused .mar (segserve/fuse/, given by the command: a layer above)
         self.catalog, self.log, self.fuse = catalog, log, fuse
 
     def finish(self, run: FinishedRun) -> None:
@@ -75,7 +76,8 @@ class Best(Sink):
         target = self.catalog.targets[chosen["target"]]
         foreign = self.catalog.foreign.get(target.name)
         if foreign is not None:
-            ArchiveFiles(target, foreign, chosen, on, self.log).write(best_dir, run.suite.core_plan, self.fuse)
+            fuse = self.fuse and partial(self.fuse, worker_env=run.suite.archive_worker_env)  # its import check: as its workers
+            ArchiveFiles(target, foreign, chosen, on, self.log).write(best_dir, run.suite.core_plan, fuse)
         elif target.dag is not None:
             dag_spec(best_dir, chosen, self.catalog.dags[target.dag], on)
 

@@ -82,7 +82,7 @@ class TorchServeTargets(Kind):
         # the suite's archive targets list (they share servers); segserve's own archives the caller's whole one
         worker_env = None
         if point.target in self.catalog.foreign:
-            worker_env = tuple(sorted({name for spec in self.suite.archive_targets.values() for name in spec.worker_env}))
+            worker_env = self.suite.archive_worker_env
         installs = self.installs_requirements(point.target)
         if self.server is not None and self.server_key == (point.server, worker_env, installs):
             return
@@ -114,10 +114,14 @@ class TorchServeTargets(Kind):
         self.server_key, self.registered_key, self.current_workers = (point.server, worker_env, installs), None, {}
 
     def requirements_key(self, name: str):
-        """The suite's archive target whose `install_requirements` applies to target `name`: its own, or a
-        member's .war's (members: true)."""
+        """The archive target of the suite's file whose `install_requirements` applies to target `name`: a member's
+        .war (members: true; its member targets carry the .war's value), else its own."""
         targets = self.suite.archive_targets
-        return targets.get(name) or next((t for t in targets.values() if t.members and name.startswith(f"{t.name}-")), None)
+        for war in (t for t in targets.values() if t.members):
+            foreign = self.catalog.foreign[war.name]
+            if name in {foreign.member_name(node) for node in foreign.nodes}:
+                return war
+        return targets.get(name)
 
     def installs_requirements(self, name: str) -> bool:
         key = self.requirements_key(name)
