@@ -10,6 +10,7 @@ to say when the point registers it: that point fails with its reason and the sui
 would leave the model store is refused.
 """
 
+import functools
 import io
 import json
 import shutil
@@ -27,14 +28,13 @@ from segserve.archives.archive_urls import (
     is_remote,
     joined,
     local_path,
-    safe_relative_name,
 )
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
-from segserve.archives.war_dag import evaluation_order, function_names, node_urls, parents_of
+from segserve.archives.handler_check import function_names
+from segserve.archives.war import WAR_MANIFEST, NotAWorkflowArchive, WarSpec, check_functions, refuse_names_that_leave, war_of
 from segserve.errors import RuntimeFailure, UsageError
 
 FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it
-WAR_MANIFEST = "WAR-INF/MANIFEST.json"
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,27 @@ class ForeignArchive:
     rules: DownloadRules = DownloadRules()  # what fetching it may do: its target's size cap, pins, plain http
 
     @property
+    def war(self) -> WarSpec | None:
+        """The .war as the one reader reads it (archives/war.py); None for a .mar or a spec it refuses (`refusal`)."""
+        return self._read_spec[0]
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the reader refused the .war's spec (TorchServe refuses it too, when a point registers it)."""
+        return self._read_spec[1]
+
+    @functools.cached_property
+    def _read_spec(self) -> tuple[WarSpec | None, str | None]:
+        if self.spec is None:
+            return None, None
+        try:
+            return war_of(self.path, self.name, self.spec_file or "", self.spec, self.functions_file, self.path.name), None
+        except NotAWorkflowArchive as error:  # registered as it is, for TorchServe's reason
+            return None, str(error)
+        except UsageError as error:  # a DAG TorchServe refuses: so do members
+            return None, str(error)
+
+    @property
     def is_workflow(self) -> bool:
         return self.path.suffix == ".war"
 
@@ -62,14 +83,10 @@ class ForeignArchive:
 
     @property
     def nodes(self) -> dict[str, str]:
-        """A .war's model nodes in DAG order (the root first) → the .mar each names; function nodes, which run in
-        the frontend, have none."""
-        urls = node_urls(self.spec, f"targets.{self.name}: {self.path.name}")
-        return {node: urls[node] for node in dict.fromkeys([*self._dag_order(), *urls]) if node in urls}
-
-    def _dag_order(self) -> list[str]:
-        dag = (self.spec or {}).get("dag") or {}
-        return list(dict.fromkeys([*dag, *(child for kids in dag.values() for child in kids or [])]))
+        """A .war's model nodes in DAG order (the start node first; then models: entries the dag never names, which
+        TorchServe registers too) → the .mar each names; function nodes have none."""
+        war = self.war
+        return {**war.models, **war.unused_models} if war else {}
 
     def target(self) -> Target:
         if not self.is_workflow:
@@ -82,27 +99,19 @@ class ForeignArchive:
     def member_name(self, node: str) -> str:
         return f"{self.name}-{node}"
 
-    def members(self) -> list["ForeignArchive"]:
+    def members(self, env: dict[str, str] | None = None) -> list["ForeignArchive"]:
         """Each model node's .mar as a target of its own, measured alone on what the workflow sends it: the start
         node this .war's inputs, every other node what its DAG makes of them (bench/run/dag_requests.py). Function nodes are
         not members: TorchServe runs them at batch size 1 in a worker of their own, measured only inside the DAG."""
         where = f"targets.{self.name}.members"
         if self.spec is None:
             raise UsageError(f"{where}: {self.path.name} has no workflow spec segserve can read")
-        dag = self.spec.get("dag") or {}
-        evaluation_order(dag, f"{where}: {self.path.name}")  # a DAG TorchServe would refuse: refused here too
-        parents = parents_of(dag)
-        functions = [node for node in parents if node not in self.nodes]
-        try:
-            defined = function_names(self.path, self.functions_file) if functions and self.functions_file else set()
-        except (KeyError, SyntaxError, ValueError) as error:
-            raise UsageError(f"{where}: {self.path.name}: its function file {self.functions_file} does not parse: {error}") from None
-        for node in functions:
-            if node not in defined:
-                raise UsageError(
-                    f"{where}: node {node!r} of the dag is neither a model of models: nor a function of "
-                    f"{self.functions_file or 'its handler file'}: TorchServe could not run it"
-                )
+        war = self.war
+        if war is None:  # a DAG TorchServe would refuse: refused here too
+            raise UsageError(f"{where}: {self.refusal}")
+        if war.functions:  # as TorchServe's loader finds them: asked of the imported file (segserve fuse does the same)
+            check_functions(war, function_names(war, env=env), f"{where}: {self.path.name}")
+        parents = war.parents
         members = []
         for node, url in self.nodes.items():
             workflow = self.name if parents.get(node) else None  # the start node is sent the .war's own inputs
@@ -112,8 +121,8 @@ class ForeignArchive:
         return members
 
     def _leaves(self) -> list[str]:
-        dag = (self.spec or {}).get("dag") or {}
-        return [node for node in self._dag_order() if not dag.get(node)] if dag else list(self.nodes)
+        war = self.war
+        return war.leaves if war else list(self.nodes)
 
     def files(self) -> list[Path]:
         """What a measurement of it depends on (for its run ids): the archive and a .war's node archives."""
@@ -211,12 +220,10 @@ def _read(name: str, path: Path, store: Path, remote: dict) -> ForeignArchive:
             workflow = json.loads(war.read(WAR_MANIFEST))["workflow"]
             spec_file, functions_file = workflow["specFile"], workflow.get("handler")
             spec = yaml.safe_load(io.BytesIO(war.read(spec_file)))
-        if not isinstance(spec, dict) or not isinstance(spec.get("models"), dict):
-            raise ValueError("no models: mapping")
     except (zipfile.BadZipFile, KeyError, ValueError, TypeError, yaml.YAMLError):
         return ForeignArchive(name, path, store, **remote)
-    node_urls(spec, f"targets.{name}: {path.name}")  # each node's url becomes a path in the model store: checked now
-    functions_file = functions_file if isinstance(functions_file, str) else None
-    if functions_file is not None:  # extracted and imported for members: true
-        safe_relative_name(functions_file, f"targets.{name}: {path.name}: the manifest's handler")
+    if not isinstance(spec, dict) or not isinstance(spec.get("models"), dict):
+        return ForeignArchive(name, path, store, **remote)  # unreadable: registered as it is, for TorchServe's reason
+    functions_file = functions_file if isinstance(functions_file, str) and functions_file else None
+    refuse_names_that_leave(spec, functions_file, f"targets.{name}: {path.name}")  # refused now, by name
     return ForeignArchive(name, path, store, spec, spec_file, functions_file=functions_file, **remote)

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from segserve.archives.archive_urls import safe_relative_name
-from segserve.archives.war_dag import node_urls
+from segserve.archives.war import NotAWorkflowArchive, WarSpec, read_war, source_names
 from segserve.errors import UsageError
 
 MISSING_MODULE = re.compile(r"^ModuleNotFoundError: No module named '([\w.]+)'")
@@ -29,12 +28,20 @@ PROBE = Path(__file__).with_name("handler_probe.py")  # run with -c: its own fol
 def handler_import_failure(
     model_dir: Path, handler: str, python: str = sys.executable, timeout_s: float = 60, env: dict[str, str] | None = None
 ) -> str | None:
-    """The exception chain, one line, innermost cause first ("ModuleNotFoundError: No module named 'captum' ←
+    """probe_handler's failure: the exception chain, one line, innermost cause first ("ModuleNotFoundError: No module named 'captum' ←
     ts/torch_handler/vision_handler.py:11 ← ts/torch_handler/image_classifier.py:11 ← breed_handler.py:1"), of
     importing `handler` (the manifest's handler string: "my_handler.py", "image_classifier", "file.py:fn") from the
     extracted archive `model_dir` with `python`; None when it imports. The worker's environment as TorchServe's
     frontend makes it (EnvironmentUtils.getEnvString) from `env` (default: this process's): the archive folder as
     the working directory and on PYTHONPATH, after a "dir/file.py:fn" handler's dir and env's PYTHONPATH."""
+    return probe_handler(model_dir, handler, python, timeout_s, env)["failure"]
+
+
+def probe_handler(
+    model_dir: Path, handler: str, python: str = sys.executable, timeout_s: float = 60, env: dict[str, str] | None = None
+) -> dict:
+    """handler_probe.py's answer for `handler` imported as handler_import_failure says: {"failure": chain or None,
+    "names": the module's attributes for a `file.py:function` handler that imported, else None}."""
     model_dir, env = Path(model_dir).resolve(), dict(os.environ if env is None else env)
     paths = [handler.split(":")[0].rpartition("/")[0]] if ":" in handler and "/" in handler.split(":")[0] else []
     paths += [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
@@ -49,15 +56,16 @@ def handler_import_failure(
             timeout=timeout_s,
         )
     except subprocess.TimeoutExpired:
-        return f"importing handler {handler} did not finish in {timeout_s:g} s"
+        return {"failure": f"importing handler {handler} did not finish in {timeout_s:g} s", "names": None}
     except OSError as error:
-        return f"cannot run {python} to import handler {handler}: {error}"
+        return {"failure": f"cannot run {python} to import handler {handler}: {error}", "names": None}
     lines = done.stdout.strip().splitlines()
     try:
-        return json.loads(lines[-1])["failure"]
+        answer = json.loads(lines[-1])
+        return {"failure": answer["failure"], "names": answer.get("names")}
     except (IndexError, ValueError, KeyError, TypeError):
         said = (done.stderr.strip().splitlines() or ["nothing"])[-1]
-        return f"importing handler {handler} ended with exit code {done.returncode}: {said}"
+        return {"failure": f"importing handler {handler} ended with exit code {done.returncode}: {said}", "names": None}
 
 
 @dataclass(frozen=True)
@@ -108,19 +116,19 @@ def _model_failure(mar: Path, python: str, env: dict | None, where: str = "") ->
 
 
 def _workflow_failures(war: Path, model_store: Path, python: str, env: dict | None) -> list[ImportFailure]:
-    with tempfile.TemporaryDirectory(prefix="segserve-handler-") as folder:
-        workflow = _extract(war, Path(folder), "WAR-INF/MANIFEST.json")["workflow"]
-        spec = yaml.safe_load((Path(folder) / workflow["specFile"]).read_text()) or {}
-        try:  # nothing imported from outside the model store or the .war: what the suite's reader refuses (foreign.py)
-            models = node_urls(spec, war.name)
-            if workflow.get("handler"):
-                safe_relative_name(workflow["handler"], f"{war.name}: the manifest's handler")
-        except UsageError as error:
-            return [ImportFailure("", str(error))]
-        failures = [_model_failure(model_store / url, python, env, f"node {node}") for node, url in models.items()]
-        if workflow.get("handler") and set(spec.get("dag") or {}) - set(models):  # a function node runs from it
-            chain = handler_import_failure(Path(folder), workflow["handler"], python, env=env)
-            failures.append(ImportFailure(f"function file {workflow['handler']}", chain) if chain else None)
+    try:  # nothing imported from outside the model store or the .war: the one reader refuses what would leave them
+        spec = read_war(war, war.name)
+    except NotAWorkflowArchive:  # registering says why
+        return []
+    except UsageError as error:
+        return [ImportFailure("", str(error))]
+    failures = [_model_failure(model_store / url, python, env, f"node {node}") for node, url in spec.models.items()]
+    if spec.functions:  # a function node runs from the .war's handler file
+        with tempfile.TemporaryDirectory(prefix="segserve-handler-") as folder:
+            with zipfile.ZipFile(war) as archive:
+                archive.extractall(folder)  # zipfile keeps every member inside the folder
+            chain = handler_import_failure(Path(folder), spec.functions_file, python, env=env)
+        failures.append(ImportFailure(f"function file {spec.functions_file}", chain) if chain else None)
     return [f for f in failures if f is not None]
 
 
@@ -150,3 +158,23 @@ def _listing(requirements: Path, module: str) -> str | None:
 
 def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def function_names(war: WarSpec, python: str = sys.executable, env: dict[str, str] | None = None) -> set[str] | None:
+    """The names a function node may take from the .war's handler file, as TorchServe's loader finds them: the
+    attributes of the module imported from the extracted .war (in a probe process, environment `env`); where it does
+    not import (its requirements not installed yet), the names its source binds. None without a handler file."""
+    source = war.functions_source()
+    if source is None:
+        return None
+    if war.functions:
+        with tempfile.TemporaryDirectory(prefix="segserve-war-") as folder:
+            with zipfile.ZipFile(war.path) as archive:
+                archive.extractall(folder)  # zipfile keeps every member inside the folder
+            answer = probe_handler(Path(folder), f"{war.functions_file}:{war.functions[0]}", python, env=env)
+        if answer.get("names") is not None:
+            return set(answer["names"])
+    try:
+        return source_names(source, war.functions_file)
+    except SyntaxError as error:
+        raise UsageError(f"{war.path}: its handler file {war.functions_file} does not parse: {error}") from None

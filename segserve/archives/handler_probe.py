@@ -1,6 +1,7 @@
 """Run as `python -c <this file's text> HANDLER` in an extracted archive's folder (handler_check.py): import the
-handler as TorchServe 0.12's ts/model_loader.py does, and print one JSON line, {"failure": "<chain>"} or
-{"failure": null}. It imports nothing of segserve, so it runs under any Python that has the archive's dependencies."""
+handler as TorchServe 0.12's ts/model_loader.py does, and print one JSON line, {"failure": "<chain>"}
+or {"failure": null} (with "names": the module's attributes, for a `file.py:function` handler). It imports nothing
+of segserve, so it runs under any Python that has the archive's dependencies."""
 
 import importlib
 import json
@@ -65,6 +66,13 @@ def chain(error: BaseException) -> str:
     return " ← ".join(parts)
 
 
+def names(handler: str) -> list[str] | None:
+    """For a `file.py:function` handler whose file imported: every attribute of its module, where the loader looks a
+    function node's name up (hasattr), whatever bound it (a def, `pre, post = make()`, globals())."""
+    module = sys.modules.get(handler.split(":", 1)[0].removesuffix(".py").split("/")[-1])
+    return sorted(n for n in dir(module) if isinstance(n, str)) if ":" in handler and module is not None else None
+
+
 def main() -> None:
     out = sys.stdout
     sys.stdout = sys.stderr  # what a handler prints while it imports must not mix with the answer
@@ -72,7 +80,8 @@ def main() -> None:
         error = load(sys.argv[1])
     except BaseException as raised:  # a SyntaxError, or anything a handler's module code raises
         error = raised
-    out.write(json.dumps({"failure": None if error is None else chain(error)}) + "\n")
+    answer = {"failure": None if error is None else chain(error), "names": names(sys.argv[1]) if error is None else None}
+    out.write(json.dumps(answer) + "\n")
     out.flush()
 
 

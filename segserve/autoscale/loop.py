@@ -80,13 +80,16 @@ def dag_bounds(catalog, dag: str) -> dict[str, Bounds]:
 
 
 def war_bounds(archive, workflow: str | None = None) -> dict[str, Bounds]:
-    """node_bounds of a user's .war (segserve/archives/foreign.py: a ForeignArchive read from it), by the model each
-    model node is registered as (<workflow>__<node>; the workflow's name defaults to the archive's). Function
-    nodes run in TorchServe's frontend: no workers to move."""
-    if archive.spec is None:
-        raise UsageError(f"{archive.path}: not a workflow archive with a spec segserve can read (WAR-INF/MANIFEST.json → specFile)")
+    """node_bounds of a user's .war (segserve/archives/foreign.py: a ForeignArchive, its .war as archives/war.py reads
+    it), by the model each model node is registered as (<workflow>__<node>; the workflow's name defaults to the
+    archive's). Function nodes are left alone: TorchServe registers each with one worker and no batching."""
+    war = archive.war
+    if war is None:
+        raise UsageError(
+            archive.refusal or f"{archive.path}: not a workflow archive with a spec segserve can read (WAR-INF/MANIFEST.json → specFile)"
+        )
     name = workflow or archive.name
-    return node_bounds(archive.spec.get("models") or {}, {node: f"{name}__{node}" for node in archive.nodes})
+    return node_bounds(war.spec.get("models") or {}, {node: f"{name}__{node}" for node in war.models})
 
 
 def target_bounds(catalog, name: str) -> dict[str, Bounds]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from segserve.bench.suite.target_spec import ENV_NAME
 from segserve.fuse import fuse
-from segserve.fuse.war import ROW_ERRORS
+from segserve.fuse.fused_plan import ROW_ERRORS
 
 
 def add_parser(sub, common) -> None:

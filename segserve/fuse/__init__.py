@@ -11,9 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from segserve.archives.build import run_tool, tool
-from segserve.archives.handler_check import handler_import_failure
+from segserve.archives.handler_check import probe_handler
+from segserve.archives.war import check_functions
 from segserve.errors import UsageError
-from segserve.fuse.war import ROW_ERRORS, Workflow, read_workflow
+from segserve.fuse.fused_plan import ROW_ERRORS, Workflow, read_workflow
 from segserve.serving.server import archive_environment, scratch_home
 
 HANDLER = Path(__file__).with_name("fused_handler.py")
@@ -46,20 +47,23 @@ def write_contents(workflow: Workflow, folder: Path, row_errors: str) -> None:
 def check_imports(workflow: Workflow, folder: Path, env: dict[str, str]) -> None:
     """Each model node's handler, and the .war's function file, imported as a TorchServe worker would import it (in
     a process of its own, all at once, with environment `env`): one that does not is refused here, naming its node,
-    before any server starts (a worker that cannot import its handler logs only the loader's fallback error)."""
+    before any server starts (a worker that cannot import its handler logs only the loader's fallback error). Each
+    function node a name of the imported file (archives/war.py check_functions, as TorchServe's loader looks it up)."""
     handlers = {}  # node → (its folder, its handler string)
     for node in workflow.archives:
         manifest = json.loads((folder / "nodes" / node / "MAR-INF" / "MANIFEST.json").read_text())
         handlers[node] = (folder / "nodes" / node, manifest["model"]["handler"])
-    functions = [node for node in workflow.order if node not in workflow.archives]
-    if functions:  # one import of the file is enough: the functions are checked by name in read_workflow
+    functions = workflow.war.functions
+    if functions:  # one import of the file is enough: its names answer for every function node
         path = folder / "workflow" / workflow.functions_file
         handlers[functions[0]] = (path.parent, f"{path.name}:{functions[0]}")
     with ThreadPoolExecutor(len(handlers)) as pool:
-        failures = dict(zip(handlers, pool.map(lambda h: handler_import_failure(*h, env=env), handlers.values()), strict=True))
+        answers = dict(zip(handlers, pool.map(lambda h: probe_handler(*h, env=env), handlers.values()), strict=True))
     for node in workflow.order:
-        if failures.get(node):
-            raise UsageError(f"{workflow.path}: node {node}: its handler does not import: {failures[node]}")
+        if node in answers and answers[node]["failure"]:
+            raise UsageError(f"{workflow.path}: node {node}: its handler does not import: {answers[node]['failure']}")
+    if functions:
+        check_functions(workflow.war, set(answers[functions[0]]["names"] or ()))
 
 
 def fuse(

@@ -257,7 +257,8 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
     fused = folder / "best" / "fused"
     assert zipfile.is_zipfile(fused / "fused_pipeline.mar") and not (folder / "best" / "fused.txt").exists()
     k8s = list(yaml.safe_load_all((fused / "k8s.yaml").read_text()))
-    kserve = {d["kind"]: d for d in yaml.safe_load_all((fused / "kserve.yaml").read_text())}  # with its NetworkPolicy and AuthorizationPolicy
+    # the InferenceService with its NetworkPolicy and AuthorizationPolicy
+    kserve = {d["kind"]: d for d in yaml.safe_load_all((fused / "kserve.yaml").read_text())}
     service = kserve["InferenceService"]
     assert manifest_check.kubernetes_problems(k8s) == [] and manifest_check.inference_service_problems(service) == []
     assert '"marName":"fused_pipeline.mar"' in next(d for d in k8s if d["kind"] == "ConfigMap")["data"]["config.properties"]

@@ -81,8 +81,10 @@ def test_a_move_without_a_request_count_is_kept_not_judged(tmp_path, monkeypatch
 def war(folder, spec: str):
     path = folder / "flow.war"
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("WAR-INF/MANIFEST.json", json.dumps({"workflow": {"workflowName": "flow", "specFile": "flow.yaml"}}))
+        manifest = {"workflowName": "flow", "specFile": "flow.yaml", "handler": "functions.py"}
+        archive.writestr("WAR-INF/MANIFEST.json", json.dumps({"workflow": manifest}))
         archive.writestr("flow.yaml", spec)
+        archive.writestr("functions.py", "def log(data, context):\n    return data\n")
     return path
 
 

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from segserve.archives.catalog import Catalog
-from segserve.archives.war_dag import evaluation_order
+from segserve.archives.war import read_dag
 from segserve.bench.run.dag_requests import Failed, FunctionFile, content_type_of, node_requests, worker_row
 from segserve.bench.run.inputs import Body, request_bodies
 from segserve.bench.run.suite_inputs import SuiteInputs
@@ -148,9 +148,17 @@ def test_a_segserve_handler_setting_on_an_archive_target_is_refused_naming_it(ar
         ("{name: mine, archive: mine.mar}", "[{multipart: [{file: blob.bin}]}]", "inputs.0.multipart.0.name: Field required"),
         ("{name: mine, archive: mine.mar, inputs: [{files: [nope.bin]}]}", "[{files: [blob.bin]}]", "no file matches 'nope.bin'"),
         ("{name: mine, archive: mine.mar, members: true}", "[{files: [blob.bin]}]", "members: only a .war has members"),
-        ("{name: fn, archive: fn.war, members: true}", "[{files: [blob.bin]}]", "node 'tail' of the dag is neither a model of models:"),
-        ("{name: c, archive: cycle.war, members: true}", "[{files: [blob.bin]}]", "nodes b, c form a cycle"),
-        ("{name: t, archive: two.war, members: true}", "[{files: [blob.bin]}]", "the dag's start nodes are a, b"),
+        ("{name: fn, archive: fn.war, members: true}", "[{files: [blob.bin]}]", "node tail of the dag is neither a model of models:"),
+        (
+            "{name: c, archive: cycle.war, members: true}",
+            "[{files: [blob.bin]}]",
+            "node b: a cycle (b → c → b) (TorchServe: Not a valid DAG)",
+        ),
+        (
+            "{name: t, archive: two.war, members: true}",
+            "[{files: [blob.bin]}]",
+            "the dag has 2 start nodes (a, b) (TorchServe: DAG should have only one start node)",
+        ),
         ("{name: e, archive: escape.war}", "[{files: [blob.bin]}]", "targets.e: escape.war: models.a.url: '../../a.mar' is not a relative"),
     ],
 )
@@ -242,7 +250,7 @@ def test_urls_are_printed_and_kept_without_their_credentials():
 
 def test_the_dag_is_evaluated_parents_first_and_each_node_sent_what_the_workflow_sends_it():
     # the spec may list a child before its parents: the order comes from the edges
-    assert evaluation_order({"c": ["d"], "a": ["b", "c"], "b": ["d"]}, "x") == ["a", "b", "c", "d"]
+    assert read_dag({"c": ["d"], "a": ["b", "c"], "b": ["d"]}, "x").order == ["a", "c", "b", "d"]  # ties in the order first named
     dag = {"fn_first": ["model_a", "join_b"], "model_a": ["join_b"]}
     asked = []
 

@@ -42,7 +42,7 @@ def mar(folder: Path, name: str, handler: str = "def handle(data, context):\n   
         (
             "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b]\n  b: [a]\n",
             "",
-            "flow.war: the DAG has 0 start nodes (none: a cycle)",
+            "flow.war: the dag has 0 start nodes (none: a cycle) (TorchServe: DAG should have only one start node)",
         ),
         (
             "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b]\n  b: [c]\n  c: [d]\n  d: [c]\n",
@@ -52,24 +52,28 @@ def mar(folder: Path, name: str, handler: str = "def handle(data, context):\n   
         (
             "models:\n  a: {url: a.mar}\ndag:\n  a: [post]\n",
             "def pre(x, y): pass",
-            "flow.war: node post has no models: entry and its handler file f.py defines no function post",
+            "flow.war: node post of the dag is neither a model of models: nor a function of f.py: TorchServe could not run it",
         ),
         (
             "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: []\n  b: []\n",
             "",
-            "flow.war: the DAG has 2 start nodes (a, b); TorchServe accepts one",
+            "flow.war: the dag has 2 start nodes (a, b) (TorchServe: DAG should have only one start node)",
         ),
-        ("models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b, b]\n", "", "flow.war: node a: lists its child b twice"),
+        (
+            "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b, b]\n",
+            "",
+            "flow.war: node a: lists its child b twice (TorchServe: loop exception)",
+        ),
         ("models:\n  a: {url: a.mar}\ndag:\n  a: [a]\n", "", "flow.war: node a: a self loop"),
         (
             "models:\n  a: {url: ../a.mar}\ndag:\n  a: []\n",
             "",
-            "flow.war: node a: url: '../a.mar' is not a relative name inside its folder",
+            "flow.war: models.a.url: '../a.mar' is not a relative name inside its folder",
         ),
         (
             "models:\n  a: {url: /etc/a.mar}\ndag:\n  a: []\n",
             "",
-            "flow.war: node a: url: '/etc/a.mar' is not a relative name inside its folder",
+            "flow.war: models.a.url: '/etc/a.mar' is not a relative name inside its folder",
         ),
         (
             "models:\n  a: {url: 'https://example.com/a.mar'}\ndag:\n  a: []\n",
@@ -301,7 +305,8 @@ def test_row_errors_node_stops_a_refused_or_failed_row_at_its_node_and_serves_it
     context, _ = fused_model(tmp_path, "node")
     answers = answer(context, [b"refuse", b"raise", b"cat"])
     assert answers[0] == (400, None, b'{\n  "error": "refused"\n}')
-    assert answers[1] == (503, "application/json", b'{"error": "node classify: ValueError: cannot classify this"}')
+    failed = {"error": "node classify failed (request id request-1)", "request_id": "request-1"}  # the exception: in the log
+    assert answers[1] == (503, "application/json", json.dumps(failed).encode())
     assert answers[2] == (200, "application/json", b"It's a cat!")
 
 

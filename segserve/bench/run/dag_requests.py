@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from segserve.archives.war_dag import evaluation_order, parents_of
+from segserve.archives.war import read_dag
 from segserve.errors import RuntimeFailure
 
 
@@ -61,9 +61,9 @@ def node_requests(dag: dict, inputs: list[bytes], answer: Callable[[str, list[by
     every row it is sent: only its descendants lose them, its siblings and ancestors are fed."""
     from segserve.bench.run.failures import input_names
 
-    parents, sent, answers, names = parents_of(dag), {}, {}, input_names(inputs)
-    for node in evaluation_order(dag, "dag"):
-        above = parents[node]
+    order, sent, answers, names = read_dag(dag, "dag"), {}, {}, input_names(inputs)
+    for node in order.order:
+        above = order.parents[node]
         rows = []
         for i, name in enumerate(names):
             failed = next((answers[p][i] for p in above if isinstance(answers[p][i], Failed)), None)

@@ -10,6 +10,7 @@ import difflib
 import glob
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -414,7 +415,12 @@ def add_members(suite: Suite, catalog: Catalog) -> None:
     """A .war target with `members: true`: its nodes' .mar files as archive targets of the suite, after it."""
     targets = list(suite.targets)
     for war in [t for t in suite.archive_targets.values() if t.members]:
-        members = catalog.foreign[war.name].members()
+        # its function names asked of its handler file, imported as its workers would import it (a scratch HOME)
+        from segserve.serving.server import archive_environment, scratch_home
+
+        with tempfile.TemporaryDirectory(prefix="segserve-archive-home-") as folder:
+            env = archive_environment(war.worker_env, scratch_home(Path(folder) / "home"))
+            members = catalog.foreign[war.name].members(env)
         taken = [m.name for m in members if m.name in suite.target_names or m.name in catalog.targets]
         if taken and any(catalog.foreign.get(name) not in members for name in taken):
             raise UsageError(f"targets.{war.name}.members: {', '.join(taken)} is already a target: rename it")
