@@ -11,7 +11,6 @@ would leave the model store is refused.
 """
 
 import functools
-import io
 import json
 import shutil
 import zipfile
@@ -31,7 +30,7 @@ from segserve.archives.archive_urls import (
 )
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
 from segserve.archives.handler_check import function_names
-from segserve.archives.war import WAR_MANIFEST, NotAWorkflowArchive, WarSpec, check_functions, refuse_names_that_leave, war_of
+from segserve.archives.war import NotAWorkflowArchive, WarSpec, check_functions, open_war, refuse_names_that_leave, war_of
 from segserve.errors import RuntimeFailure, UsageError
 
 FOREIGN = "<foreign>"  # the handler and body kind of a foreign node: no segserve handler setting applies to it
@@ -215,15 +214,12 @@ def read_archive(name: str, archive: str, model_store: str | None, rules: Downlo
 def _read(name: str, path: Path, store: Path, remote: dict) -> ForeignArchive:
     if path.suffix == ".mar":
         return ForeignArchive(name, path, store, **remote)
+    where = f"targets.{name}: {path.name}"
     try:
-        with zipfile.ZipFile(path) as war:
-            workflow = json.loads(war.read(WAR_MANIFEST))["workflow"]
-            spec_file, functions_file = workflow["specFile"], workflow.get("handler")
-            spec = yaml.safe_load(io.BytesIO(war.read(spec_file)))
-    except (zipfile.BadZipFile, KeyError, ValueError, TypeError, yaml.YAMLError):
-        return ForeignArchive(name, path, store, **remote)
-    if not isinstance(spec, dict) or not isinstance(spec.get("models"), dict):
+        _, _, spec_file, spec, functions_file = open_war(path, where)
+    except NotAWorkflowArchive:
         return ForeignArchive(name, path, store, **remote)  # unreadable: registered as it is, for TorchServe's reason
-    functions_file = functions_file if isinstance(functions_file, str) and functions_file else None
-    refuse_names_that_leave(spec, functions_file, f"targets.{name}: {path.name}")  # refused now, by name
+    if not isinstance(spec, dict) or not isinstance(spec.get("models"), dict):
+        return ForeignArchive(name, path, store, **remote)
+    refuse_names_that_leave(spec, functions_file, where)  # a node url or handler file that would leave: refused now
     return ForeignArchive(name, path, store, spec, spec_file, functions_file=functions_file, **remote)

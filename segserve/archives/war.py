@@ -107,6 +107,12 @@ def read_war(path: Path, where: str | None = None) -> WarSpec:
     """The .war's manifest, spec and dag, checked as TorchServe checks them: a UsageError naming the file (`where`,
     by default its path) and the node for what it would refuse. Nothing is imported; function names are
     `check_functions`' business."""
+    return war_of(*open_war(path, where), where)
+
+
+def open_war(path: Path, where: str | None = None) -> tuple[Path, str, str, object, str | None]:
+    """(path, workflowName, specFile, the spec as read, the manifest's handler) of a .war; NotAWorkflowArchive for a
+    file that is not one (no zip, no manifest, no spec)."""
     where = where or str(path)
     if not path.is_file():
         raise NotAWorkflowArchive(f"{where}: no such file")
@@ -118,7 +124,7 @@ def read_war(path: Path, where: str | None = None) -> WarSpec:
     except (zipfile.BadZipFile, KeyError, TypeError, ValueError, yaml.YAMLError) as error:
         raise NotAWorkflowArchive(f"{where}: not a workflow archive with a spec ({type(error).__name__}: {error})") from None
     handler = manifest.get("handler") if isinstance(manifest.get("handler"), str) and manifest.get("handler") else None
-    return war_of(path, str(manifest.get("workflowName") or path.stem), spec_file, spec, handler, where)
+    return path, str(manifest.get("workflowName") or path.stem), spec_file, spec, handler
 
 
 def war_of(path: Path, name: str, spec_file: str, spec, functions_file: str | None, where: str | None = None) -> WarSpec:
