@@ -139,10 +139,10 @@ def test_a_window_keeps_its_own_failures_and_their_samples():
 
 def test_the_frontend_log_names_the_node_that_failed_how_often_and_why():
     nodes = node_failures(TS_LOG, MODEL_LOG)
-    assert nodes["first"] == {"invoked": 5, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}}
+    assert nodes["first"] == {"invoked": 5, "first_attempts": 5, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}}
     flaky = nodes["flaky"]
     # 5 requests reached flaky, three failed after one retry each: boom (raised) and two that waited past timeout-ms
-    assert (flaky["invoked"], flaky["retried"], flaky["timed_out"], flaky["failed"]) == (8, 3, 2, 3)
+    assert (flaky["invoked"], flaky["first_attempts"], flaky["retried"], flaky["timed_out"], flaky["failed"]) == (8, 5, 3, 2, 3)
     # the two timeouts' retries, in seconds after the first line's time (06:18:59,617): the hang and the last request
     first = datetime.strptime(TS_LOG.split(" ", 1)[0], LOG_TIME).timestamp()
     assert node_failures(TS_LOG, epoch_s=first)["flaky"]["timed_out_at_s"] == [1.544, 4.564]

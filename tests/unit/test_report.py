@@ -137,8 +137,10 @@ def test_efficiency_is_empty_without_members_or_pipeline(records):
     members_only = [r for r in records if r["target"] in ("seg", "jpeg")]
     assert efficiency(no_jpeg, P99_MAX, "throughput_rps", BARE) == []
     assert efficiency(members_only, P99_MAX, "throughput_rps", BARE) == []
-    # members exist but none meets the constraint
-    assert efficiency(records, {"latency_p99_ms": {"max": 1}}, "throughput_rps", BARE) == []
+    # members exist but none meets the constraint: the row stays, its served points flagged
+    rows = {row["pipeline"]: row for row in efficiency(records, {"latency_p99_ms": {"max": 1}}, "throughput_rps", BARE)}
+    assert rows["seg_jpeg"]["feasible"] is False and rows["seg_jpeg"]["pipeline_rps"] == 60.0
+    assert rows["seg_jpeg"]["flags"].startswith("seg_jpeg: violates latency_p99_ms · seg: violates latency_p99_ms")
 
 
 def test_render_table_rounds_and_marks_missing():
@@ -195,8 +197,9 @@ def test_report_with_nothing_satisfying_and_only_failed_points(tmp_path):
     single = record("jpeg-one", "jpeg", 300.0, 400.0)
     path = report(tmp_path, "tiny", [failed, single], ["jpeg_quality"], P99_MAX, "latency_p99_ms", [], {})
     text = path.read_text()
-    assert "- **seg**: no point satisfied the constraints." in text
-    assert "- **jpeg**: no point satisfied the constraints." in text
+    # why, in words that fit: its points failed; under constraints, "no point met the constraints"
+    assert "- **seg**: no best point: startup timeout." in text
+    assert "- **jpeg**: no best point: no point met the constraints." in text
     assert "## Pipeline efficiency" not in text
     assert "(ms, lower is better)" in text
     assert (tmp_path / "plots" / "throughput_vs_p99_seg.png").read_bytes()[:8] == PNG_SIGNATURE

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from segserve.bench.results.shown import Shown, efficiency_notes, no_winner_reason
 from segserve.bench.results.stats import RATIO_TOLERANCE, bootstrap_interval, ratio, ratio_of_medians, uncertainty
 from segserve.bench.suite.columns import METRICS, best, satisfies
 
@@ -15,6 +16,7 @@ class Pipeline:
 
     members: tuple[str, ...]
     weights_node: str | None
+    fused: str | None = None  # the suite's target that serves the same DAG fused into one model, shown beside it
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Analysis:
     side_by_side: list[dict] = field(default_factory=list)  # peer servers (command targets) beside segserve's best
     # pipelines measured with members but without an efficiency row, and members measured on fewer inputs: why
     efficiency_notes: list[str] = field(default_factory=list)
+    no_winner: dict[str, str] = field(default_factory=dict)  # each measured target without a best point: why
 
 
 def analyse(
@@ -39,11 +42,12 @@ def analyse(
 ) -> Analysis:
     targets = list(dict.fromkeys(r.get("target") for r in records))
     winners = {t: best([r for r in records if r.get("target") == t], constraints, objective) for t in targets}
+    shown = Shown(records, winners, constraints, objective)
     return Analysis(
         targets,
         winners,
         served_vs_bare(records, constraints, objective, bare),
-        efficiency(winners, bare, pipelines),
+        efficiency(shown, bare, pipelines),
         time_breakdown(winners, pipelines),
         pareto_front(records, list(objectives), constraints),
         predictions(records),
@@ -51,35 +55,9 @@ def analyse(
         phase_table(records),
         autoscaler_vs_static(records),
         side_by_side(winners),
-        efficiency_notes(records, winners, pipelines),
+        efficiency_notes(shown, pipelines),
+        {t: no_winner_reason(records, t, constraints) for t in targets if winners[t] is None},
     )
-
-
-def efficiency_notes(records: list[dict], winners: dict[str, dict | None], pipelines: dict[str, Pipeline]) -> list[str]:
-    """Why a pipeline measured with its members has no efficiency row (which target has no best point, and its
-    error, else "no point met the constraints"), and which member was measured without inputs that a node above it
-    failed (it never gets them in the workflow either)."""
-    notes, ran = [], {r.get("target") for r in records}
-    for name, pipeline in pipelines.items():
-        if name not in ran or not ran & set(pipeline.members):
-            continue  # a pipeline measured without its members has no bounds to miss
-        missing = [target for target in (name, *pipeline.members) if not (winners.get(target) or {}).get("throughput_rps")]
-        why = [f"{target}: {_no_best_point(records, target)}" for target in missing]
-        if why:
-            notes.append(f"{name} has no row: {'; '.join(why)}")
-        notes += [
-            f"{member} was measured without the inputs a node above it failed: {winners[member]['inputs_left_out']}"
-            for member in pipeline.members
-            if (winners.get(member) or {}).get("inputs_left_out")
-        ]
-    return notes
-
-
-def _no_best_point(records: list[dict], target: str) -> str:
-    if not any(r.get("target") == target for r in records):
-        return "not measured"
-    errors = list(dict.fromkeys(r["error"] for r in records if r.get("target") == target and r.get("error")))
-    return "; ".join(errors) if errors else "no point met the constraints"
 
 
 def side_by_side(winners: dict[str, dict | None]) -> list[dict]:
@@ -321,46 +299,59 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
     return rows
 
 
-def efficiency(winners: dict[str, dict | None], bare: list[dict], pipelines: dict[str, Pipeline]) -> list[dict]:
+def efficiency(shown: Shown, bare: list[dict], pipelines: dict[str, Pipeline]) -> list[dict]:
     """Each pipeline's best throughput against what its best members allow (shared or disjoint CPUs) and the
     bare model. Members on the same CPUs split each second between them; on disjoint CPUs the slowest sets
-    the pace."""
+    the pace. A target without a feasible point is shown by its best served one (shown.py), flagged: a workflow
+    that stalled or lost answers keeps its row, with what it lost, and its ratios are not printed as results."""
     rows = []
     for name, pipeline in pipelines.items():
-        winner = winners.get(name)
-        member_rps = {m: (winners.get(m) or {}).get("throughput_rps") for m in pipeline.members}
+        winner = shown.point(name)
+        points = {m: shown.point(m) for m in pipeline.members}
+        member_rps = {m: (point or {}).get("throughput_rps") for m, point in points.items()}
         if winner is None or not all(member_rps.values()):
-            continue
+            continue  # efficiency_notes says why
         shared_bound_rps = 1 / sum(1 / rps for rps in member_rps.values())
         disjoint_bound_rps = min(member_rps.values())
         pipeline_rps = winner.get("throughput_rps")
         # a ratio from a point other processes disturbed is not printed as a result
-        disturbed = any((winners.get(t) or {}).get("disturbed") for t in (name, *pipeline.members))
+        disturbed = any((shown.point(t) or {}).get("disturbed") for t in (name, *pipeline.members))
         node = pipeline.weights_node
         batch_size = winner.get(f"{node}_batch_size") or winner.get("batch_size")
         input_size = winner.get(f"{node}_input_size") or winner.get("input_size")
         variant = (winner.get(f"{node}_optimize") or winner.get("optimize"), winner.get(f"{node}_precision") or winner.get("precision"))
         entry = _pick_bare(bare, batch_size, winner.get("omp_num_threads"), input_size, *variant) or {}
         windows = [winner.get("measured_window_throughputs_rps") or []]
-        windows += [(winners.get(m) or {}).get("measured_window_throughputs_rps") or [] for m in pipeline.members]
+        windows += [point.get("measured_window_throughputs_rps") or [] for point in points.values()]
         shared_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) * sum(1 / np.median(m) for m in ms))
         disjoint_ci = bootstrap_interval(windows, lambda p, *ms: np.median(p) / min(np.median(m) for m in ms))
         bare_ratio, bare_ci = ratio_of_medians(windows[0], entry.get("slices_ips") or [])
         # median ÷ median, the statistic its interval is of; without slices, the rates' ratio (no interval)
         bare_ratio = bare_ratio if bare_ratio is not None else ratio(pipeline_rps, entry.get("throughput_ips"))
         point_reasons = ["the pipeline or a member was disturbed"] if disturbed else []
+        # a stalled point's rate is not what its configuration serves (stalls.py)
+        point_reasons += [f"{t}'s point stalled" for t in (name, *pipeline.members) if (shown.point(t) or {}).get("stalled")]
         bare_reasons = point_reasons + (["the bare forward was disturbed"] if entry.get("disturbed") else [])
-        bare_reasons += bare_spread_reasons(entry, _beside_rates([winner, *(winners.get(m) for m in pipeline.members)], entry))
+        bare_reasons += bare_spread_reasons(entry, _beside_rates([winner, *points.values()], entry))
         judged = {
             "ratio_shared": uncertainty(ratio(pipeline_rps, shared_bound_rps), shared_ci, point_reasons),
             "ratio_disjoint": uncertainty(ratio(pipeline_rps, disjoint_bound_rps), disjoint_ci, point_reasons),
             "ratio_bare": uncertainty(bare_ratio, bare_ci, bare_reasons),
         }
+        flagged = [f"{t}: {'; '.join(flags)}" for t in (name, *pipeline.members) if (flags := shown.flags(t))]
+        fused = shown.point(pipeline.fused) if pipeline.fused else None
         row = {
             "pipeline": name,
             "pipeline_rps": pipeline_rps,
+            "pipeline_run_id": winner.get("run_id"),
+            # the shown points' trouble: not feasible (stalled, a constraint broken), answers lost, requests failed
+            "feasible": all(shown.winners.get(t) is not None for t in (name, *pipeline.members)),
+            "flags": " · ".join(flagged) or None,
+            "lost_answers": sum((winner.get("lost_answers") or {}).values()),
+            "requests_failed": winner.get("requests_failed"),
             "members": ", ".join(f"{m} {rps:.1f}" for m, rps in member_rps.items()),
             **{f"{m}_rps": rps for m, rps in member_rps.items()},
+            "fused_rps": (fused or {}).get("throughput_rps"),
             "shared_bound_rps": shared_bound_rps,
             "disturbed": disturbed,
             "ratio_shared": ratio(pipeline_rps, shared_bound_rps),

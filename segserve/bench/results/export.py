@@ -37,7 +37,8 @@ NODE_UNITS = {"node_ms": "Milliseconds", "queue_ms": "Milliseconds", "handler_ms
 # is); a ratio withheld as uncertain has no value and is not sent, its interval is, and its _uncertain flag is 1
 _RATIOS = {"shared": "shared bound", "disjoint": "disjoint bound", "bare": "the bare forward's throughput"}
 PIPELINE_METRICS = {
-    "pipeline_rps": ("pipeline_rps", "Count/Second", "the pipeline's best throughput under the constraints"),
+    "pipeline_rps": ("pipeline_rps", "Count/Second", "the pipeline's best throughput under the constraints (else its best served point's)"),
+    "pipeline_lost_answers": ("lost_answers", None, "answers its workflow executor never received at that point (lost_answers)"),
     "pipeline_shared_bound_rps": ("shared_bound_rps", "Count/Second", "what its members allow on shared CPUs: 1/sum(1/member_rps)"),
     "pipeline_disjoint_bound_rps": ("disjoint_bound_rps", "Count/Second", "what its members allow on disjoint CPUs: min(member_rps)"),
 }

@@ -153,6 +153,8 @@ PIPELINE_TABLE_COLUMNS = (
     "timestamp",
     "pipeline",
     "pipeline_rps",
+    "feasible",  # no: its best served point, flagged (a workflow that stalled or lost answers keeps its row)
+    "lost_answers",
     "members",
     "shared_bound_rps",
     "ratio_shared",

@@ -102,6 +102,9 @@ def terminal_summary(records: list[dict], swept: list[str], analysis: Analysis) 
         text += "\n\n" + render_table(
             rows, ["pipeline", "disjoint_bound_rps", "ratio_disjoint", "bare_rps", "ratio_bare", "bare_batch_size"]
         )
+        # a row from a point that stalled, lost answers or broke a constraint: said beside it, not left out
+        flagged = [row for row in rows if row.get("flags")]
+        text += "".join(f"\n{row['pipeline']}: {'' if row['feasible'] else 'NOT FEASIBLE: '}{row['flags']}" for row in flagged)
     if analysis.breakdown:
         text += "\n\nWhere a pipeline request's time goes (ms per request; node_ms holds the queue; see report.md):\n"
         text += render_table(analysis.breakdown)

@@ -13,6 +13,7 @@ from segserve.bench.suite.columns import METRICS
 # the columns of the per-target tables; the full set is in summary.csv
 TABLE_METRICS = ["throughput_rps", "latency_p50_ms", "latency_p99_ms", "requests_failed", "server_queue_ms", "server_cpu_pct"]
 ACCURACY_METRICS = ["iou", "agreement", "load_s"]
+NODE_COUNTS = ["first attempts", "lost"]  # of a workflow's nodes: the requests that reached each, its answers lost
 
 
 def exact(share: float | None) -> str | None:
@@ -123,8 +124,8 @@ def _best_section(analysis: Analysis, params: list[str]) -> list[str]:
     lines = ["", "## Best configuration", ""]
     for target in analysis.targets:
         winner = analysis.winners[target]
-        if winner is None:
-            lines.append(f"- **{target}**: no point satisfied the constraints.")
+        if winner is None:  # why in words that fit: "no point met the constraints" only where there are some
+            lines.append(f"- **{target}**: no best point: {cell(analysis.no_winner.get(target))}.")
         else:
             settings = ", ".join(f"{p}={cell(winner.get(p))}" for p in params)
             metrics = ", ".join(f"{header(m)} {cell(winner.get(m))}" for m in ("throughput_rps", "latency_p99_ms"))
@@ -171,7 +172,11 @@ def _analysis_sections(analysis: Analysis) -> list[str]:
         "their 1/rps seconds of the machine: 1/(Σ 1/member_rps). The *disjoint* bound assumes each member has its own "
         "resources, so the slowest sets the pace: min(member_rps). A ratio near 1 means the pipeline loses little to the "
         "serving glue between its steps; ratio_bare compares it with the bare model's in-process forward throughput at "
-        "the same batch size and threads, the compute limit.",
+        "the same batch size and threads, the compute limit. A pipeline or member with no point that meets the "
+        "constraints (a workflow that stalled or lost answers) keeps its row: its best point that answered requests, "
+        "`feasible` no, `flags` saying why (stalled, answers lost and where, requests failed, a constraint broken, "
+        "disturbed), and no ratio printed as a result from a point that stalled. `lost_answers`: the answers its "
+        "workflow executor never received (*Failed requests*); `fused_rps`: the same DAG fused into one model.",
     )
     if analysis.efficiency_notes:  # a pipeline without its row, or a member fed fewer inputs: said, not left out
         heading = [] if analysis.efficiency else ["", "## Pipeline efficiency"]
@@ -261,6 +266,8 @@ def _failures_section(records: list[dict]) -> list[str]:
     """The points that stalled, and why; every failed request of the points, by kind (input × status) with a sample
     answer; then the nodes that TorchServe's frontend log says failed or were retried. Nothing when none did."""
     stalls = [f"- `{r.get('run_id')}`: {cell(r['stall_cause'])}" for r in records if r.get("stall_cause")]
+    # a stall's cause already says what was lost
+    lost = [f"- `{r.get('run_id')}`: {cell(r['lost_cause'])}" for r in records if r.get("lost_cause") and not r.get("stall_cause")]
     kinds = [
         {
             "point": r.get("run_id"),
@@ -274,16 +281,17 @@ def _failures_section(records: list[dict]) -> list[str]:
         {"point": r.get("run_id"), "node": node, **{k: counts.get(k) for k in ("invoked", "retried", "timed_out", "failed")}}
         | {"cause": "; ".join(f"{cause} ({n})" for cause, n in counts.get("causes", {}).items()) or None}
         | {"worker error": counts.get("worker_error")}
+        | {"first attempts": counts.get("first_attempts"), "lost": (r.get("lost_answers") or {}).get(node)}
         for r in records
         for node, counts in (r.get("failures") or {}).get("by_node", {}).items()
-        if counts.get("failed") or counts.get("retried") or counts.get("worker_error")
+        if counts.get("failed") or counts.get("retried") or counts.get("worker_error") or (r.get("lost_answers") or {}).get(node)
     ]
     outside = [
         f"`{r.get('run_id')}` ({_counts(r['failures']['outside_windows'])})"
         for r in records
         if (r.get("failures") or {}).get("outside_windows")
     ]
-    if not kinds and not nodes and not outside and not stalls:
+    if not kinds and not nodes and not outside and not stalls and not lost:
         return []
     lines = ["", "## Failed requests", ""]
     if stalls:
@@ -292,6 +300,15 @@ def _failures_section(records: list[dict]) -> list[str]:
             "than 2 windows, 5 s and 4× the median request; a stalled point is never feasible.",
             "",
             *stalls,
+            "",
+        ]
+    if lost:
+        lines += [
+            "Lost answers: a workflow node first attempted more often than its children were, less the requests it (or a "
+            "branch beside it) failed and those still in flight when the load ended (`lost_answers`); or requests that "
+            "waited past the client's timeout while no node's timeout-ms had passed.",
+            "",
+            *lost,
             "",
         ]
     if kinds:
@@ -308,9 +325,10 @@ def _failures_section(records: list[dict]) -> list[str]:
             "What TorchServe's frontend log (ts_log.log, DagExecutor) says of each node over the whole load, warm-up "
             "included: invocations (retries included), retries (logged as `Timed out while executing` whatever failed), "
             "of those `timed_out`: the node's timeout-ms passed with no error (a lost answer or a slow node), requests "
-            "failed at the node and why, and the last exception of its workers (model_log.log).",
+            "failed at the node and why, and the last exception of its workers (model_log.log); `first attempts`: the "
+            "requests that reached it; `lost`: its answers the executor never received (`lost_answers`).",
             "",
-            render_table(nodes, ["point", "node", "invoked", "retried", "timed_out", "failed", "cause", "worker error"]),
+            render_table(nodes, ["point", "node", "invoked", "retried", "timed_out", "failed", "cause", "worker error", *NODE_COUNTS]),
         ]
     if outside:
         lines += ["", f"Failed outside the measured windows (warm-up, discarded windows): {', '.join(outside)}."]
@@ -334,6 +352,7 @@ def _flags_section(records: list[dict]) -> list[str]:
     ]
     saturated = [f"`{r.get('run_id')}`" for r in records if r.get("client_saturated") is True]
     stalled = [f"`{r.get('run_id')}` ({cell(r.get('stalled_s'))} s)" for r in records if r.get("stalled")]
+    lost = [f"`{r.get('run_id')}` ({_counts(r['lost_answers'])})" for r in records if r.get("lost_answers")]
     return [
         "",
         "## Flags",
@@ -346,4 +365,5 @@ def _flags_section(records: list[dict]) -> list[str]:
         f"- Load generator saturated (its numbers understate the server): {', '.join(saturated) or 'none'}",
         "- Stalled (requests waited and none completed: the server's own doing, not others'; windows a stall emptied "
         f"do not count as disturbed; see *Failed requests*): {', '.join(stalled) or 'none'}",
+        f"- Lost answers (a workflow node's answers its executor never received; see *Failed requests*): {', '.join(lost) or 'none'}",
     ]

@@ -26,7 +26,8 @@ def write_summary(out_dir: Path, records: list[dict], swept: list[str]) -> None:
     with open(out_dir / "summary.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns, restval="", extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(records)  # the csv module writes None as an empty cell
+        # the csv module writes None as an empty cell; a mapping (lost_answers) as JSON, not Python's repr
+        writer.writerows({k: json.dumps(v) if isinstance(v, dict) else v for k, v in record.items()} for record in records)
     with open(out_dir / "summary.jsonl", "w") as f:
         for record in records:
             f.write(_json_line({c: record.get(c) for c in [*columns, *IDENTITY_KEYS]}))

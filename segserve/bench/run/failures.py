@@ -21,7 +21,7 @@ SAMPLE_KINDS = 20  # sample rows kept per point, the most frequent kinds first
 LOG_FILES = ("ts_log.log", "model_log.log")
 
 _DAG = r"org\.pytorch\.serve\.ensemble\.DagExecutor - "
-INVOKED = re.compile(_DAG + r"Invoking -  (\S+) for attempt \d+$")
+INVOKED = re.compile(_DAG + r"Invoking -  (\S+) for attempt (\d+)$")
 # logged before every retry, whatever failed: TorchServe's wording, not always a timeout
 RETRIED = re.compile(_DAG + r"Timed out while executing (\S+) for attempt \d+$")
 # a DagExecutor line's time and thread: a retry after a bare "null" on the same thread is a timeout-ms that passed
@@ -110,19 +110,22 @@ def _text(body: bytes, status: int, timeout_s: float) -> str:
 
 
 def node_failures(ts_log: str, model_log: str = "", epoch_s: float = 0.0) -> dict[str, dict]:
-    """Per node (a workflow's node; a model's own name otherwise): how often the frontend invoked it, retried it
+    """Per node (a workflow's node; a model's own name otherwise): how often the frontend invoked it (`first_attempts`:
+    of those, attempt 0: the requests that reached it), retried it
     (`timed_out`: of those, after its timeout-ms passed with no error, at `timed_out_at_s`: seconds after epoch_s),
     failed a request at it and why, and the exception its workers last raised, from the log lines given."""
     nodes: dict[str, dict] = {}
     last_error: dict[str, str | None] = {}  # per frontend thread, the DagExecutor's last error line since an invocation
 
     def entry(node: str) -> dict:
-        return nodes.setdefault(node, {"invoked": 0, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}})
+        return nodes.setdefault(node, {"invoked": 0, "first_attempts": 0, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}})
 
     for line in ts_log.splitlines():
         dag = DAG_LINE.match(line)
         if found := INVOKED.search(line):
-            entry(found.group(1))["invoked"] += 1
+            node = entry(found.group(1))
+            node["invoked"] += 1
+            node["first_attempts"] += found.group(2) == "0"  # once per request that reached the node (lost_answers.py)
             last_error[dag.group(2) if dag else ""] = None
         elif found := RETRIED.search(line):
             node = entry(found.group(1))
@@ -155,6 +158,12 @@ def node_failures(ts_log: str, model_log: str = "", epoch_s: float = 0.0) -> dic
     return nodes
 
 
+def first_attempts(counts: dict) -> int:
+    """A node's attempts 0 (a record from before they were counted: its invocations less its retries, as each retry
+    is logged before the invocation it makes)."""
+    return counts.get("first_attempts", counts.get("invoked", 0) - counts.get("retried", 0))
+
+
 def _log_epoch_s(stamp: str) -> float:
     return datetime.strptime(stamp, LOG_TIME).timestamp()
 
@@ -172,7 +181,7 @@ def merged(parts: list[dict | None]) -> dict | None:
         for node, counts in (part.get("by_node") or {}).items():
             # a load's own times (timed_out_at_s) are not summed: each part's clock starts with it
             into = total["by_node"].setdefault(node, {"invoked": 0, "retried": 0, "timed_out": 0, "failed": 0, "causes": {}})
-            for key in ("invoked", "retried", "timed_out", "failed", "worker_errors"):
+            for key in ("invoked", "first_attempts", "retried", "timed_out", "failed", "worker_errors"):
                 if key in counts:
                     into[key] = into.get(key, 0) + counts[key]
             into["causes"] = dict(Counter(into["causes"]) + Counter(counts.get("causes") or {}))

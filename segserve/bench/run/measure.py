@@ -10,10 +10,12 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from segserve.archives.war import WarSpec
 from segserve.bench.results.stats import latency_summary, mean_interval, spread, stable_tail
 from segserve.bench.run.failures import LogMark, attributed, input_names, merged
 from segserve.bench.run.load import LoadResult, LoadSpec
 from segserve.bench.run.load_processes import live_pids, run_load_processes
+from segserve.bench.run.lost_answers import point_lost
 from segserve.bench.run.stalls import explained, find_stalls, stall_cause, stall_columns
 from segserve.bench.suite.spec import LoadSettings
 from segserve.errors import RuntimeFailure
@@ -39,6 +41,7 @@ class Endpoint:
     models: tuple[str, ...]  # TorchServe models whose counters describe it
     grpc_url: str | None = None  # TorchServe's gRPC inference API (grpc://host:port), for load.protocol grpc
     logs: Path | None = None  # TorchServe's logs folder (ours): failed requests are attributed to the nodes they name
+    workflow: WarSpec | None = None  # a workflow's .war as registered: its DAG and each node's timeout-ms (lost answers)
 
 
 def measure(
@@ -88,6 +91,7 @@ def measure(
     measured = result.windows(chosen.used)
     used_rates = _rates(result, chosen.used)  # the windows the numbers come from
     failures = attributed(measured, input_names(bodies), result, mark, load.timeout_s)
+    lost = point_lost(endpoint.workflow, failures, result, windows.until_s, load.timeout_s)
     return {
         **protocol_of(bodies),
         **_windowed_throughput_columns(measured, used_rates),
@@ -103,7 +107,9 @@ def measure(
         **cpu_ms_per_request(cpu_s_of(server_usage.get("server_processes", {})), len(result.status), "_whole_run"),
         **gpu.columns(chosen.used),
         **stall_columns(stalls),
-        "stall_cause": stall_cause(stalls, failures, load.timeout_s),  # and the node whose timeout-ms passed then
+        # and the node whose timeout-ms passed then, or the answers lost
+        "stall_cause": stall_cause(stalls, failures, load.timeout_s, lost["lost_cause"]),
+        **lost,
     }
 
 
@@ -251,6 +257,8 @@ def measure_phases(
         **_client_columns(everything, load.client_processes),
         "stable": None,  # phases are measured as they come, not until they settle
         "stall_cause": None,  # nor looked at for stalls
+        "lost_answers": None,  # nor for lost answers (each phase's end leaves its own requests in flight)
+        "lost_cause": None,
         "pruned": False,
         "windows": len(phases),
         "measured_window_throughputs_rps": [p["throughput_rps"] for p in phases],

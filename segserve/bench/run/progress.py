@@ -33,6 +33,8 @@ class Progress:
                 outcome += f", {record['windows_discarded']} disturbed window(s) measured again"
             if record.get("stall_cause"):  # the server's own: a drop it explains is not others' doing
                 outcome += f", STALLED ({record['stall_cause']})"
+            elif record.get("lost_cause"):  # a stall's cause says it already
+                outcome += f", ANSWERS LOST ({record['lost_cause']})"
             if record.get("disturbed"):
                 outcome += f", DISTURBED (others took {record.get('others_cpu_pct') or 0:.0f}% of the machine)"
             if record.get("bare_disturbed"):

@@ -2,6 +2,7 @@
 measurements with `in_rounds`, and a point's rounds become one record with `combine_rounds`."""
 
 import statistics
+from collections import Counter
 
 import numpy as np
 
@@ -71,6 +72,9 @@ def combine_rounds(rounds: list[dict]) -> dict:
     record["stable"] = all(r.get("stable") is not False for r in rounds)
     record["stalled_s"] = sum(r.get("stalled_s") or 0 for r in rounds)
     record["stall_cause"] = "; ".join(r["stall_cause"] for r in rounds if r.get("stall_cause")) or None
+    if any(r.get("lost_answers") is not None for r in rounds):  # a workflow's: each round's added up by node
+        record["lost_answers"] = dict(sum((Counter(r.get("lost_answers") or {}) for r in rounds), Counter()))
+    record["lost_cause"] = "; ".join(dict.fromkeys(r["lost_cause"] for r in rounds if r.get("lost_cause"))) or None
     record["others_cpu_pct"] = max((r["others_cpu_pct"] for r in rounds if r.get("others_cpu_pct") is not None), default=None)
     if any(r.get("bare_slices_ips") for r in rounds):
         entries = [{"slices_ips": r.get("bare_slices_ips") or [], "disturbed": r.get("bare_disturbed")} for r in rounds]

@@ -67,9 +67,11 @@ def _overlaps(span: tuple[float, float], stalls: list[dict]) -> bool:
     return any(stall["from_s"] < span[1] and span[0] < stall["to_s"] for stall in stalls)
 
 
-def stall_cause(stalls: list[dict] | None, failures: dict | None, timeout_s: float) -> str | None:
-    """What a point's stalls cost and, where TorchServe's frontend log has a node's timeout-ms passing as a stall
-    ended, that node and what a user does about it; None for a point that did not stall."""
+def stall_cause(stalls: list[dict] | None, failures: dict | None, timeout_s: float, lost: str | None = None) -> str | None:
+    """What a point's stalls cost and why: where TorchServe's frontend log has a node's timeout-ms passing as a stall
+    ended, that node and what a user does about it; else the answers the by-node counts say were lost, or the
+    requests that waited past the client's timeout while no node's timeout-ms passed (`lost`: lost_answers.lost_cause);
+    None for a point that did not stall."""
     if not stalls:
         return None
     lost_s = _stalled_s(stalls)
@@ -77,13 +79,13 @@ def stall_cause(stalls: list[dict] | None, failures: dict | None, timeout_s: flo
     what = f"stalled {lost_s:.0f} s: requests in flight and none completed at {spans} of the load"
     nodes = _timed_out_nodes(stalls, (failures or {}).get("by_node") or {})
     if not nodes:
-        return f"{what}; TorchServe's frontend log names no node whose timeout-ms passed then"
+        return f"{what}: {lost}" if lost else f"{what}; TorchServe's frontend log names no node whose timeout-ms passed then"
     named = ", ".join(f"{node} ({count}×)" for node, count in nodes.items())
     return (
         f"{what}: TorchServe's workflow executor waited the timeout-ms of node {named} with no error logged, then retried it:"
         " the node's answer was lost (DagExecutor race, docs/torchserve_workflows.md) or took longer than timeout-ms;"
         f" set the node's timeout-ms below the client's timeout ({timeout_s:g} s) and above its normal time, or fuse the"
-        " workflow (segserve fuse)"
+        " workflow (segserve fuse)" + (f"; {lost}" if lost else "")
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from segserve import ROOT
 from segserve.archives.archive_urls import masked_text
-from segserve.archives.catalog import Catalog
+from segserve.archives.catalog import FUSED_SUFFIX, Catalog
 from segserve.bench.results.analysis import Pipeline, analyse
 from segserve.bench.results.sinks import Export, FinishedRun, Plots, Report, RunsFolder, Summary, Terminal
 from segserve.bench.results.store import read_runs
@@ -87,11 +87,15 @@ def weights_node(catalog: Catalog, name: str) -> str | None:
 
 
 def pipelines(catalog: Catalog, names: list[str]) -> dict[str, Pipeline]:
+    """The suite's DAG targets with their members, and for a workflow the suite's target that serves it fused into
+    one model: a catalog DAG's twin (`<dag>_fused`), or for a .war the name `segserve fuse` gives it (`fused_<war>`)."""
     result = {}
     for name in names:
         target = catalog.targets.get(name)
         if target is not None and not target.is_model:
-            result[name] = Pipeline(target.members, weights_node(catalog, name))
+            twins = (name + FUSED_SUFFIX, f"fused_{name}") if target.is_workflow else ()
+            fused = next((twin for twin in twins if twin in names), None)
+            result[name] = Pipeline(target.members, weights_node(catalog, name), fused)
     return result
 
 

@@ -102,6 +102,8 @@ class Record(TypedDict, total=False):
     error: str | None  # why the point failed; None for a measurement
     # its failed requests by status, input and node, a sample answer of each kind (bench/run/failures.py); None: none
     failures: dict | None
+    # a workflow's answers its executor never received, by node (bench/run/lost_answers.py); None: not a workflow
+    lost_answers: dict[str, int] | None
     environment: dict  # the machine it was measured on (segserve/machine/identity.py)
 
 
@@ -183,6 +185,8 @@ EXTRA_COLUMNS = [
     "error",
     "error_cause",  # the root cause of a failed point or of its failed requests (the workers' first exception)
     "stall_cause",  # how long the point stalled and the node whose timeout-ms TorchServe waited (bench/run/stalls.py)
+    "lost_answers",  # a workflow's: {node: its answers the executor never received} (bench/run/lost_answers.py)
+    "lost_cause",  # those lost answers (or requests past the client's timeout) and the timeout-ms they wait, in words
 ]
 
 

@@ -70,9 +70,11 @@ class Best(Sink):
         chosen = next((winners[name] for name in ours if winners[name]), None)
         if chosen is None:
             return
+        # a workflow (or fused twin) ranked above the chosen point that has none: what it lost, said in best/
+        passed_over = {name: run.analysis.no_winner.get(name) for name in ours[: ours.index(chosen["target"])]}
         best_dir = run.out_dir / "best"
         best_dir.mkdir(exist_ok=True)
-        on = self.server_config(best_dir, chosen, run.environment)
+        on = self.server_config(best_dir, chosen, run.environment, passed_over)
         target = self.catalog.targets[chosen["target"]]
         foreign = self.catalog.foreign.get(target.name)
         if foreign is not None:
@@ -81,9 +83,10 @@ class Best(Sink):
         elif target.dag is not None:
             dag_spec(best_dir, chosen, self.catalog.dags[target.dag], on)
 
-    def server_config(self, best_dir: Path, chosen: dict, environment: dict) -> str:
-        """best/config.properties (the point's netty threads, what to start TorchServe with) and best/machine.json;
-        returns the line that says which machine the point is best on (every file of best/ carries it)."""
+    def server_config(self, best_dir: Path, chosen: dict, environment: dict, passed_over: dict | None = None) -> str:
+        """best/config.properties (the point's netty threads, what to start TorchServe with, and why a target ranked
+        above the point's has no best point: `passed_over`, {target: why}) and best/machine.json; returns the line
+        that says which machine the point is best on (every file of best/ carries it)."""
         overrides = {"number_of_netty_threads": str(chosen["netty_threads"])} if chosen.get("netty_threads") else {}
         render_config(self.catalog.config_template, best_dir / "config.properties", overrides)
         # best for the machine it was measured on: int8 that wins with VNNI loses without it
@@ -93,6 +96,10 @@ class Best(Sink):
         note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s).\n{on}"
         if chosen.get("omp_num_threads"):
             note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
+        for name, why in (passed_over or {}).items():
+            said = f"Not {name}, which has no best point: {' '.join(str(why or 'not measured').split())}"
+            note += f"\n# {said}"
+            self.log(f"best/: {said}")
         text = (best_dir / "config.properties").read_text()
         (best_dir / "config.properties").write_text(note + "\n" + text)
         return on

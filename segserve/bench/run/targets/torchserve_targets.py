@@ -14,6 +14,7 @@ from handlers.optimize import IPEX_HINT
 from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
 from segserve.archives.registration import from_workflow, workflow_entry
+from segserve.archives.war import WarSpec, read_war
 from segserve.bench.run.dag_requests import Failed
 from segserve.bench.run.inputs import Body
 from segserve.bench.run.measure import Endpoint, process_groups
@@ -55,6 +56,7 @@ class TorchServeTargets(Kind):
         self.server_key = self.registered_key = None
         self.current_workers: dict[str, int] = {}
         self.importable: dict[tuple[str, str], bool] = {}  # (python, module) → whether it imports
+        self.workflow: WarSpec | None = None  # the registered workflow's .war as TorchServe reads it (its timeouts)
 
     def owns(self, name: str) -> bool:
         return name in self.catalog.targets
@@ -70,7 +72,8 @@ class TorchServeTargets(Kind):
         server = self.server
         grpc = server.grpc_inference_url()
         endpoint, token, logs = target.endpoint, server.token("inference"), server.run_dir / "logs"
-        return Endpoint(server.url("inference"), endpoint, token, {}, server.url("metrics"), target.models, grpc, logs)
+        workflow = self.workflow if target.is_workflow else None
+        return Endpoint(server.url("inference"), endpoint, token, {}, server.url("metrics"), target.models, grpc, logs, workflow)
 
     def watched_processes(self, endpoint: Endpoint) -> dict[str, list[int]] | None:
         """TorchServe's frontend and workers by role, for their CPU and RSS."""
@@ -188,6 +191,7 @@ class TorchServeTargets(Kind):
                 self.recipe.workflow_archive(self.catalog.dags[target.dag], target.name, urls, spec_models)
                 archive = target.archive
             server.register_workflow(archive, target.name, log=lambda _: None)
+            self.workflow = registered_war(self.store / archive)
         else:
             if foreign is not None:
                 archive = foreign.install(self.store)
@@ -282,6 +286,15 @@ class TorchServeTargets(Kind):
                 self.current_workers[node] = count
                 self.fresh_workers = True
                 self.changes["scales"] += 1
+
+
+def registered_war(path: Path) -> WarSpec | None:
+    """The .war a point registered, read as TorchServe reads it (its nodes' timeout-ms, for the lost answers); None
+    where the reader refuses what TorchServe accepted (the point is measured all the same)."""
+    try:
+        return read_war(path)
+    except UsageError:
+        return None
 
 
 def torchserve_error(response: Response) -> str | None:
