@@ -12,9 +12,10 @@ handle() runs the hooks through a StageRunner (handlers/batching.py), which
 may split the batch into overlapped micro-batches. A bad row gets its own
 400 with a JSON `{"error": ...}` body, a row that breaks a hook any other way
 its own 500 ("internal error" and a request id; the detail only in the log); its batch-mates are served.
-`len(output) == len(data)` always.
+`len(output) == len(data)` always. A status line carries its status's fixed phrase only (status_phrase).
 """
 
+import http
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from handlers.settings import parse_settings
 
 logger = logging.getLogger(__name__)
 BATCH_SIZE_HEADER = "x-segserve-batch-size"
+MAX_HEADER_CHARS = 256  # the longest status phrase or header value a handler may set (ours are under 40)
 
 
 @dataclass
@@ -66,12 +68,29 @@ def request_body(row: dict) -> bytes | bytearray:
     )
 
 
+def status_phrase(status: int) -> str:
+    """The fixed reason phrase of a status ("Bad Request" for 400): what a status line carries, never text of a
+    request, a handler or an exception. TorchServe's frontend (netty) refuses a phrase holding CR or LF, and its
+    worker encodes the phrase after the handler's try block (create_predict_response): either way the worker died
+    (a 31-byte upstream error `{"error": "x\\r\\n..."}` killed the JPEG worker). The message goes in the JSON body."""
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown Status"
+
+
+def safe_header_text(value) -> bool:
+    """Whether a status phrase or header value passes TorchServe and netty unharmed: a str of printable ASCII
+    (no CR, LF, NUL or other control character; nothing UTF-8 could fail on), at most MAX_HEADER_CHARS long."""
+    return isinstance(value, str) and len(value) <= MAX_HEADER_CHARS and value.isascii() and value.isprintable()
+
+
 def internal_error(context, idx: int, failure: RowFailure) -> bytes:
     """A 500's body: "internal error" and the request's id, nothing of the exception (a client learns no paths,
     versions or values from it); the detail goes to the worker's log under that id."""
     request_id = context.get_request_id(idx) or uuid.uuid4().hex  # TorchServe's id of the request, logged by it too
     logger.error("request %s answered 500: %s", request_id, failure)
-    context.set_response_status(500, "internal error", idx)
+    context.set_response_status(500, status_phrase(500), idx)
     return json.dumps({"error": f"internal error (request id {request_id})", "request_id": request_id}).encode()
 
 
@@ -163,7 +182,7 @@ class SegserveHandler:
         for idx, result in enumerate(results):
             if isinstance(result, BadRequest):
                 output[idx] = json.dumps({"error": str(result)}).encode()
-                context.set_response_status(400, str(result), idx)
+                context.set_response_status(400, status_phrase(400), idx)  # the message: in the body only
                 context.set_response_content_type(idx, "application/json")
             elif isinstance(result, RowFailure):
                 output[idx] = internal_error(context, idx, result)

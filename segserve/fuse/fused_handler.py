@@ -11,9 +11,11 @@ it: a child of one parent gets {"body": bytearray}, a join one entry per parent 
 request's headers. What a row is answered follows /wfpredict (WorkflowManager.java, RestJob.java): a node's status is
 dropped between nodes, a batch a node fails is sent again, and a row that still fails is answered 500 "Error executing
 <node>"; or, with row_errors "node", a row a node refuses or fails stops there with that node's answer. docs/fuse.md
-has the facts and their sources.
+has the facts and their sources. Nothing a node sets reaches the worker's answer unchecked (its nodes are a user's
+code): the status line carries the status's fixed phrase, a content type goes on only if it is safe header text.
 """
 
+import http
 import importlib
 import importlib.util
 import io
@@ -21,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,15 +36,27 @@ logger = logging.getLogger(__name__)
 
 PLAN_FILE = "fused_workflow.json"
 FAILED_STATUS = 503  # what a TorchServe worker answers for a handler that raised ("Prediction failed")
+MAX_HEADER_CHARS = 256
+DEFAULT_CONTENT_TYPE = "application/octet-stream"  # for a row whose node set a content type that cannot be sent
+
+
+# A reason phrase or header value with CR/LF is refused by netty, a lone surrogate or a non-str fails the worker's
+# encoding after its handler's try block: either kills the worker. (handlers/base.py has the same two for segserve's
+# handlers; this file imports nothing of segserve.)
+def status_phrase(status: int) -> str:
+    return next((known.phrase for known in http.HTTPStatus if known == status), "Unknown Status")
+
+
+def safe_header_text(value) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_HEADER_CHARS and value.isascii() and value.isprintable()
 
 
 @dataclass
 class Answer:
-    """One row's result from one node: its status, as the worker would send it, and its body encoded as bytes;
-    `failed` when the node failed the row's batch every time it was sent (the body then says why)."""
+    """One row's result from one node: its status and content type, as the worker would send them, and its body
+    encoded as bytes; `failed` when the node failed the row's batch every time it was sent (the body then says why)."""
 
     status: int
-    phrase: str
     content_type: str | None
     body: bytes
     failed: bool = False
@@ -51,15 +66,15 @@ class Answer:
         return 200 <= self.status < 300 and not self.failed
 
 
-def error_answer(status: int, message: str, failed: bool = False) -> Answer:
-    return Answer(status, "", "application/json", json.dumps({"error": message}).encode(), failed)
+def error_answer(status: int, message: str, failed: bool = False, **fields) -> Answer:
+    return Answer(status, "application/json", json.dumps({"error": message, **fields}).encode(), failed)
 
 
 def workflow_error(message: str) -> Answer:
     """/wfpredict's 500: NettyUtils.sendError's ErrorResponse, Gson pretty with a final newline. For a node that failed
     a request every time the message is "Error executing <node>" (the last ':'-piece of DagExecutor.java's exception)."""
     error = {"code": JsonNumber("500"), "type": "InternalServerException", "message": message}
-    return Answer(500, "Internal Server Error", "application/json", (gson_pretty(error) + "\n").encode("utf-8"))
+    return Answer(500, "application/json", (gson_pretty(error) + "\n").encode("utf-8"))
 
 
 class BatchFailed(Exception):
@@ -95,11 +110,16 @@ class Node:
             except Exception as again:
                 logger.warning("node %s failed a row sent again", self.name, exc_info=True)
                 error = again
-        if isinstance(error, PredictionException):
+        if isinstance(error, PredictionException) and valid_status(error.error_code):
+            # a handler's message for its client, as a worker of its own sends it (in the JSON body)
             return error_answer(error.error_code, f"node {self.name}: {error.message}", failed=True)
         if isinstance(error, BatchFailed):
             return error_answer(FAILED_STATUS, f"node {self.name} {error}", failed=True)
-        return error_answer(FAILED_STATUS, f"node {self.name}: {type(error).__name__}: {error}", failed=True)
+        # what broke is the node's code's business: the client gets an id, the worker's log the exception
+        request_id = request_id or uuid.uuid4().hex
+        logger.error("request %s: node %s failed it: %s: %s", request_id, self.name, type(error).__name__, error)
+        message = f"node {self.name} failed (request id {request_id})"
+        return error_answer(FAILED_STATUS, message, failed=True, request_id=request_id)
 
     def _call(self, rows: list, headers: list[dict], request_ids: list) -> list[Answer]:
         self.context.request_ids = dict(enumerate(request_ids))
@@ -110,13 +130,38 @@ class Node:
             raise BatchFailed(f"answered {got} for a batch of {len(rows)}")
         answers = []
         for idx, value in enumerate(out):
-            status, phrase = self.context.get_response_status(idx)
+            status = self.context.get_response_status(idx)[0] or 200
+            if not valid_status(status):  # a worker of its own could not send it: the frontend sends the batch again
+                logger.warning("node %s set the status %.40r for a row", self.name, status)
+                raise BatchFailed("set a status that is not an HTTP status (an int of 100 to 599) for a row")
             try:
                 body = as_bytes(value)
             except TypeError:
                 raise BatchFailed(f"unsupported output type {type(value).__name__}") from None
-            answers.append(Answer(status or 200, phrase or "", self.context.get_response_content_type(idx), body))
+            answers.append(Answer(status, self._content_type(idx), body))
         return answers
+
+    def _content_type(self, idx: int) -> str | None:
+        """The content type the node set for a row; one that is no safe header text is logged and replaced."""
+        content_type = self.context.get_response_content_type(idx)
+        if content_type is None or safe_header_text(content_type):
+            return content_type
+        why = f"a {type(content_type).__name__}" if not isinstance(content_type, str) else f"{len(content_type)} chars"
+        logger.warning(
+            "node %s set a content type that cannot be sent (%s, %.60r: not a str of printable ASCII of at most %d chars); "
+            "answered %s instead",
+            self.name,
+            why,
+            content_type,
+            MAX_HEADER_CHARS,
+            DEFAULT_CONTENT_TYPE,
+        )
+        return DEFAULT_CONTENT_TYPE
+
+
+def valid_status(status) -> bool:
+    """A status a worker can send and netty can answer: an int of 100 to 599 (a str fails struct.pack)."""
+    return isinstance(status, int) and not isinstance(status, bool) and 100 <= status <= 599
 
 
 def as_bytes(value) -> bytes:
@@ -300,7 +345,7 @@ class FusedWorkflow:
         """One leaf: its bytes as application/json (whatever the leaf said). Several: {leaf: its JSON object} as
         WorkflowManager.java answers (Gson, pretty, a final newline)."""
         if len(self.leaves) == 1:
-            return Answer(200, "", "application/json", outputs[self.leaves[0]][i].body)
+            return Answer(200, "application/json", outputs[self.leaves[0]][i].body)
         combined = {}
         for leaf in self.leaves:
             try:
@@ -310,11 +355,11 @@ class FusedWorkflow:
             if not isinstance(value, dict):  # /wfpredict: 500 with the message of Gson's parser (not matched here)
                 return workflow_error(f"leaf {leaf} did not answer a JSON object: several leaves answer one object of them")
             combined[leaf] = value
-        return Answer(200, "", "application/json", (gson_pretty(combined) + "\n").encode("utf-8"))
+        return Answer(200, "application/json", (gson_pretty(combined) + "\n").encode("utf-8"))
 
     @staticmethod
     def _respond(context: Context, i: int, answer: Answer) -> bytes:
-        context.set_response_status(answer.status, answer.phrase, i)
+        context.set_response_status(answer.status, status_phrase(answer.status), i)
         if answer.content_type:
             context.set_response_content_type(i, answer.content_type)
         return answer.body

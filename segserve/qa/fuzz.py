@@ -4,7 +4,8 @@ Targets: seg (JPEG/PNG/raw decode), jpeg and areas (class-map input), fused (the
 in one worker). The handlers run in a child (segserve/qa/fuzz_worker.py) with the real limits of
 model_config/*.yaml. Each input (segserve/qa/fuzz_inputs.py) is the middle row of a batch
 [good, fuzzed, good] and must get 200 or 400, with a well-formed answer, while both batch-mates get
-200; handle() must not raise (TorchServe would answer 500 for the whole batch). A crash (the child
+200; handle() must not raise (TorchServe would answer 500 for the whole batch), and no status phrase or
+header may be one that kills a TorchServe worker (fuzz_worker.unsafe_answer). A crash (the child
 dies: a signal) or a hang (no answer within --timeout-s) restarts the child. With --save-crashes
 each finding's input goes to <corpus>/<target>/<sha>.bin with a .txt saying how it was made; corpus
 files are tried first, as seeds. Exit status 1 if anything was found.
@@ -167,6 +168,8 @@ def judge(target: str, body: bytes, reply: dict, raw_nbytes: int) -> tuple[str, 
     """(symptom, detail) of a wrong answer to [good, body, good]; None when it is right."""
     if reply["error"]:
         return f"handle() raised {reply['error'].split(':')[0]} (TorchServe: 500 for the whole batch)", reply["error"][:300]
+    if reply.get("unsafe"):
+        return "a status phrase or header that kills a TorchServe worker", "; ".join(reply["unsafe"])[:300]
     statuses, outputs = reply["statuses"], reply["outputs"]
     if statuses[1] not in (200, 400):
         return f"status {statuses[1]} for the fuzzed row", bytes(outputs[1][:300]).decode(errors="replace")

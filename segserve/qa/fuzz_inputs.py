@@ -9,6 +9,7 @@ jpeg node encode their answer at the size the input claims.
 
 import functools
 import io
+import json
 import random
 import struct
 import zlib
@@ -31,6 +32,21 @@ CLAIMED_SIZES = ((1, 1), (1, 65500), (65500, 1), (1, 65501), (65501, 1), (65535,
 CLAIMED_SIZES += ((0, 80), (48, 0), (2**32 - 1, 1), (1, 2**32 - 1), (2**32 - 1, 2**32 - 1), (5000, 5000), (5000, 5001))
 UPSTREAM_ERRORS = (b'{"error": "could not decode the png image"}', b'{"error": ', b'{"error": }', b'{"error": "\xff\xfe"}')
 UPSTREAM_ERRORS += (b'{"error": 1}', b'{"error": null}', b'{"error": "x"} trailing', b'{"error": {"nested": [1, 2]}}')
+# Texts that could reach a status phrase or a header: an upstream node's error message once became the 400's reason
+# phrase, and one line break in it killed the worker every time (issue 64). Line breaks netty refuses, what UTF-8
+# cannot encode, control and non-ASCII characters, a long text.
+HEADER_TEXTS = (
+    ("CR", "x\ry"),
+    ("LF", "x\ny"),
+    ("CRLF header injection", "x\r\nX-Injected: 1"),
+    ("NUL", "x\x00y"),
+    ("NEL U+0085", "x\x85y"),
+    ("LS U+2028", "x\u2028y"),
+    ("PS U+2029", "x\u2029y"),
+    ("lone surrogate", "x\ud800y"),
+    ("ANSI escapes", "\x1b[31mred\x1b[0m\x1b]0;title\x07"),
+    ("100 KB", "x" * 100_000 + "\r\n"),
+)
 
 
 class Input(NamedTuple):
@@ -174,7 +190,23 @@ def classmap_seeds() -> list[Input]:
     seeds = [Input(f"class map 64x112, original {h}x{w}", classmap_body(rng, 64, 112, 2, (h, w))) for h, w in CLAIMED_SIZES]
     seeds += [Input(f"class map {h}x{w}, original {h}x{w}", classmap_body(rng, h, w, 2, (h, w))) for h, w in ((1, 1), (3, 500), (64, 112))]
     seeds += [Input("class map 8x8 with 255 classes", classmap_body(rng, 8, 8, 255, (48, 80)))]
-    return seeds + [Input(f"upstream error {body[:24]!r}", body) for body in UPSTREAM_ERRORS]
+    return seeds + [Input(f"upstream error {body[:24]!r}", body) for body in UPSTREAM_ERRORS] + header_text_errors()
+
+
+def header_text_errors() -> list[Input]:
+    """Upstream error bodies ({"error": ...}, as a refusing node's answer reaches the jpeg and areas nodes) carrying
+    each of HEADER_TEXTS: JSON-escaped, and raw where JSON allows it (U+0085, U+2028/2029 as UTF-8; the lone
+    surrogate then makes bytes that are not UTF-8); an error that is an object; raw bytes that are not UTF-8."""
+    items = []
+    for name, text in HEADER_TEXTS:
+        escaped = json.dumps({"error": text}).encode()
+        raw = json.dumps({"error": text}, ensure_ascii=False).encode("utf-8", "surrogatepass")
+        items.append(Input(f"upstream error with {name}", escaped))
+        if raw != escaped:
+            items.append(Input(f"upstream error with {name}, unescaped", raw))
+    items.append(Input("upstream error that is an object holding CRLF", json.dumps({"error": {"message": "x\r\nX-Injected: 1"}}).encode()))
+    items.append(Input("upstream error of bytes that are not UTF-8", b'{"error": "x\xc3\x28\xff\xfe\r\nX-Injected: 1"}'))
+    return items
 
 
 # Crafted headers -----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Built as TorchServe builds them, from model_config/*.yaml (the real limits), in a model dir made by
 make_model_dir (tiny untrained weights). Requests come in on stdin and replies go out on the original
 stdout, each a length-prefixed pickle; segserve/qa/fuzz.py is the only client. A crash takes down this
-process only, and faulthandler leaves the Python stack on stderr for the parent's report.
+process only, and faulthandler leaves the Python stack on stderr for the parent's report. What TorchServe does
+after handle() is done here too, as far as it can kill a worker: the answer encoded by TorchServe's own
+create_predict_response, and every status phrase and header checked as netty checks them (unsafe_answer).
 """
 
 import os
@@ -55,7 +57,32 @@ class SelfTest:
                 raise RuntimeError("deliberate")
             if body == b"500":
                 context.set_response_status(500, "deliberate", idx)
+            if body == b"phrase":
+                context.set_response_status(400, "deliberate\r\nX-Injected: 1", idx)
         return [b"ok"] * len(data)
+
+
+def unsafe_answer(context, outputs: list) -> list[str]:
+    """What in the rows' status phrases and headers would kill a TorchServe worker: a phrase or header netty refuses
+    or that is no bounded printable ASCII (handlers.base.safe_header_text), or an answer TorchServe's worker fails to
+    encode (it encodes after its handler's try block)."""
+    from ts.protocol.otf_message_handler import create_predict_response
+
+    from handlers.base import safe_header_text
+
+    problems = []
+    for idx in range(len(outputs)):
+        phrase = context.get_response_status(idx)[1]
+        if phrase is not None and not safe_header_text(phrase):
+            problems.append(f"row {idx}: status phrase {phrase!r:.80}")
+        for key, value in context.get_response_headers(idx).items():
+            if not (safe_header_text(key) and safe_header_text(value)):
+                problems.append(f"row {idx}: header {key!r:.40}: {value!r:.80}")
+    try:
+        create_predict_response(outputs, {idx: f"request-{idx}" for idx in range(len(outputs))}, "Prediction success", 200, context)
+    except Exception as error:
+        problems.append(f"TorchServe's create_predict_response raised {type(error).__name__}: {error}"[:200])
+    return problems
 
 
 def make_handler(target: str, model_dir: Path):
@@ -98,9 +125,10 @@ def serve(model_dir: Path, targets: list[str]) -> None:
         try:  # bytearrays, as TorchServe hands bodies over
             outputs = handlers[target].handle([{"body": bytearray(body)} for body in bodies], context)
             statuses = [context.get_response_status(i)[0] for i in range(len(bodies))]
-            send(replies, {"statuses": statuses, "outputs": outputs, "error": None})
+            unsafe = unsafe_answer(context, outputs)
+            send(replies, {"statuses": statuses, "outputs": outputs, "error": None, "unsafe": unsafe})
         except Exception as error:
-            send(replies, {"statuses": None, "outputs": None, "error": f"{type(error).__name__}: {error}"})
+            send(replies, {"statuses": None, "outputs": None, "error": f"{type(error).__name__}: {error}", "unsafe": []})
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ from torchvision.io import decode_jpeg, encode_png
 
 from segserve.model.synthetic import make_sample
 from segserve.model.train import normalise
+from segserve.qa.chaos import replaced_workers, worker_pids
+from segserve.qa.fuzz_inputs import header_text_errors
+from segserve.serving.http import Connection
 from tests.conftest import ROOT
 from tests.integration.test_integration import foreground_of, iou, post
 
@@ -84,3 +87,29 @@ def test_decoded_jpeg_leaf_is_the_image_the_chain_returns(fanout):
     leaf = base64.b64decode(json.loads(post(fanout, "/predictions/seg_fanout_fused", body).body)["jpeg"]["jpeg_base64"])
     assert leaf == chain
     assert decode_jpeg(torch.frombuffer(bytearray(leaf), dtype=torch.uint8)).shape == (3, 300, 520)
+
+
+def test_no_text_that_could_break_a_status_line_kills_a_worker_on_any_endpoint(fanout):
+    """Issue 64: `{"error": "x\\r\\nX-Injected: 1"}` to /predictions/jpeg became the 400's reason phrase, netty refused
+    it and answered 500 "Worker died.", every time. Every text of the corpus (CR/LF, NUL, U+0085/2028/2029, a lone
+    surrogate, ANSI escapes, 100 KB, bytes that are not UTF-8, an error that is an object) as an upstream error body
+    to every model served (members, workflow nodes, fused twins) and both workflows: no 5xx, no worker replaced."""
+    endpoints = [f"/predictions/{model}" for model in fanout.models()] + ["/wfpredict/seg_jpeg", "/wfpredict/seg_fanout"]
+    before = worker_pids(fanout)
+    connection, failures = Connection(fanout.url("inference"), fanout.token("inference"), timeout_s=30), []
+    try:
+        for item, path in ((item, path) for item in header_text_errors() for path in endpoints):
+            try:
+                response = connection.request("POST", path, item.body)
+                answer = f"{response.status} {response.text()[:100]!r}" if response.status >= 500 else None
+            except OSError as error:  # a workflow whose node keeps dying answers nothing in time
+                answer = f"no answer ({error})"
+            if answer:
+                failures.append(f"{item.description} → {path}: {answer}")
+                connection.close()  # a fresh connection for the next request, whatever became of this one
+            if len(failures) >= 5:  # proof enough: each death costs a worker's restart
+                break
+    finally:
+        connection.close()
+    failures += replaced_workers(before, worker_pids(fanout))
+    assert not failures, "\n".join(failures)

@@ -4,7 +4,7 @@ a bounded run over every handler's input path finds nothing. `make fuzz` runs it
 import pytest
 
 from segserve.qa.fuzz import CORPUS, TARGETS, Harness, read_corpus
-from segserve.qa.fuzz_inputs import Input, InputSource
+from segserve.qa.fuzz_inputs import Input, InputSource, header_text_errors
 from tests.unit.test_fuzz import CORPUS_INPUTS, JPEG, NAN_RAW, harness  # noqa: F401 (fixtures among them)
 
 
@@ -22,6 +22,9 @@ def test_the_harness_reports_a_crash_a_hang_and_a_500_and_serves_on_after_each()
         assert hang.kind == "hang" and hang.symptom.startswith("no answer in 5 s in handle (fuzz_worker.py:")
         assert check(b"raise").symptom == "handle() raised RuntimeError (TorchServe: 500 for the whole batch)"
         assert check(b"500").symptom == "status 500 for the fuzzed row"
+        phrase = check(b"phrase")  # TorchServe's frontend refuses the phrase and the worker dies (issue 64)
+        assert phrase.symptom == "a status phrase or header that kills a TorchServe worker"
+        assert phrase.detail == "row 1: status phrase 'deliberate\\r\\nX-Injected: 1'"
         assert check(b"ok") is None
 
 
@@ -30,6 +33,15 @@ def test_a_corpus_input_gets_200_or_400_and_its_batch_mates_200(harness, target,
     finding = harness.check(target, item)
     if finding:
         pytest.fail(f"{finding.kind}: {finding.symptom} {finding.detail}\n  input: {item.description}", pytrace=False)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_error_text_that_could_break_a_status_line_gets_a_safe_one(harness, target):
+    """Upstream error bodies whose message holds CR/LF, NUL, U+0085/2028/2029, a lone surrogate, ANSI escapes or
+    100 KB: the jpeg node's 400 once carried the message as its reason phrase, and netty's refusal killed the worker."""
+    findings = [harness.check(target, item) for item in header_text_errors()]
+    found = [f"{f.input.description}: {f.symptom} {f.detail}" for f in findings if f]
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -6,8 +6,11 @@ import struct
 
 import pytest
 
+from handlers.base import BATCH_SIZE_HEADER
+from segserve.model.worker_context import worker_context
 from segserve.qa.fuzz import CORPUS, MAX_SAVED_BYTES, TARGETS, Harness, judge, read_corpus, save_input
 from segserve.qa.fuzz_inputs import Input, InputSource
+from segserve.qa.fuzz_worker import unsafe_answer
 
 CORPUS_INPUTS = [(target, item) for target in TARGETS for item in read_corpus(CORPUS, target)]
 
@@ -38,6 +41,41 @@ NAN_RAW = struct.pack("<e", float("nan")) * 4  # a raw tensor body of 8 bytes, f
 def test_judge_wants_200_or_400_for_the_row_well_formed_answers_and_200_for_its_batch_mates(target, body, statuses, outputs, symptom):
     problem = judge(target, body, {"statuses": statuses, "outputs": outputs, "error": None}, raw_nbytes=8)
     assert (problem and problem[0]) == symptom
+
+
+def test_judge_counts_a_phrase_or_header_that_kills_a_worker_as_a_finding():
+    reply = {"statuses": [200, 400, 200], "outputs": [b"{}"] * 3, "error": None, "unsafe": ["row 1: status phrase 'x\\r\\n'"]}
+    assert judge("areas", b"x", reply, raw_nbytes=8) == ("a status phrase or header that kills a TorchServe worker", reply["unsafe"][0])
+
+
+@pytest.mark.parametrize(
+    "phrase, header, problems",
+    [
+        ("Bad Request", "4", []),
+        (None, "4", []),  # no phrase set: TorchServe sends ""
+        ("x\r\nX-Injected: 1", "4", ["row 0: status phrase 'x\\r\\nX-Injected: 1'"]),
+        ("x\x85", "4", ["row 0: status phrase 'x\\x85'"]),
+        ("Bad Request", 4, ["row 0: header 'x-segserve-batch-size': 4"]),  # TorchServe's encoding fails on a non-str
+        ("x" * 257, "4", ["row 0: status phrase '" + "x" * 79]),  # longer than any phrase or header of ours: bounded
+    ],
+)
+def test_unsafe_answer_names_each_phrase_or_header_netty_or_torchserves_encoding_refuses(phrase, header, problems):
+    context = worker_context(None, {}, rows=1)
+    if phrase is not None:
+        context.set_response_status(400, phrase, 0)
+    context.set_response_header(0, BATCH_SIZE_HEADER, header)
+    found = unsafe_answer(context, [b"{}"])
+    assert found[: len(problems)] == problems
+    if isinstance(header, int):  # and TorchServe's own create_predict_response fails on it, after the handler
+        assert found[-1] == "TorchServe's create_predict_response raised AttributeError: 'int' object has no attribute 'encode'"
+    else:
+        assert len(found) == len(problems)
+
+
+def test_a_lone_surrogate_in_a_phrase_fails_torchserves_own_encoding():
+    context = worker_context(None, {}, rows=1)
+    context.set_response_status(400, "x\ud800", 0)
+    assert unsafe_answer(context, [b"{}"])[-1].startswith("TorchServe's create_predict_response raised UnicodeEncodeError")
 
 
 @pytest.mark.parametrize("target", ["seg", "jpeg"])

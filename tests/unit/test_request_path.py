@@ -40,7 +40,7 @@ def test_a_500_carries_torchserves_request_id_and_no_detail(caplog):
     context = with_rows(make_context(None, {}), 2)
     context.request_ids = {0: "5f1c-request-a", 1: "5f1c-request-b"}  # as TorchServe's worker sets them
     out = handler.handle([{"body": b"a"}, {"body": b"predict-bug"}], context)
-    assert context.get_response_status(1) == (500, "internal error")  # the status line carries no detail either
+    assert context.get_response_status(1) == (500, "Internal Server Error")  # the status line carries no detail either
     assert json.loads(out[1]) == {"error": "internal error (request id 5f1c-request-b)", "request_id": "5f1c-request-b"}
     assert "the batch broke" not in out[1].decode()
     assert any("5f1c-request-b" in r.getMessage() and "the batch broke" in r.getMessage() for r in caplog.records)
