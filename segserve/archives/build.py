@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.catalog import Catalog, Dag, NodeModel, Target
-from segserve.archives.registration import model_config_entry
+from segserve.archives.registration import model_config_entry, write_models
 from segserve.errors import RuntimeFailure, UsageError
 
 # A worker that compiles its network (optimize compile/int8/ipex) takes tens of seconds to load on 2 cores:
@@ -161,11 +161,7 @@ class Recipe:
         spec = yaml.safe_load(dag.spec_path.read_text())
         for node, url in node_urls.items():
             spec["models"][node]["url"] = url
-        for key, value in (spec_models or {}).items():
-            if isinstance(value, dict):
-                spec["models"][key].update(value)
-            else:
-                spec["models"][key] = value
+        spec["models"] = write_models(spec["models"], spec_models or {})
         return archive_workflow(name, spec, dag.spec_path.with_name(f"{dag.name}_handler.py"), self.store, self.log)
 
     def target_archive(self, target: Target, node_settings: dict) -> Path:

@@ -4,9 +4,10 @@ The user's files are never changed and their handlers never imported here (a .wa
 `members: true` in a process of their own, with its workers' environment: bench/run/dag_requests.py). A .mar is copied into
 the bench's model store and registered with the point's batch size, delay, timeout and workers (management API
 parameters). A .war is copied with its spec's `models:` rewritten for the point (TorchServe reads a workflow's
-batching and workers from there only), beside copies of the .mar files its nodes name, taken from the target's
-model_store. What is wrong with an archive (not a zip, no MANIFEST, a handler that does not load) is for TorchServe
-to say when the point registers it: that point fails with its reason and the suite goes on. A .war node url that
+batching and workers from there only; a function node its timeout and retries from the top level only), beside
+copies of the .mar files its nodes name, taken from the target's model_store. What is wrong with an archive (not a
+zip, no MANIFEST, a handler that does not load) is for TorchServe to say when the point registers it: that point
+fails with its reason and the suite goes on. A .war node url that
 would leave the model store is refused.
 """
 
@@ -30,6 +31,7 @@ from segserve.archives.archive_urls import (
 )
 from segserve.archives.catalog import ModelTarget, Node, NodeModel, Target, WorkflowTarget
 from segserve.archives.handler_check import function_names
+from segserve.archives.registration import write_models
 from segserve.archives.war import NotAWorkflowArchive, WarSpec, check_functions, open_war, refuse_names_that_leave, war_of
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -127,10 +129,10 @@ class ForeignArchive:
         """What a measurement of it depends on (for its run ids): the archive and a .war's node archives."""
         return [self.path, *(self.model_store / url for url in self.nodes.values())]
 
-    def install(self, store: Path, spec_models: dict[str, dict] | None = None) -> str:
-        """Put it into `store` for registration: a .mar copied (once); a .war written with its nodes' entries
-        updated by `spec_models` (node → its registration keys, archives/registration.py),
-        beside its node .mar files. Returns the file name to register."""
+    def install(self, store: Path, spec_models: dict | None = None) -> str:
+        """Put it into `store` for registration: a .mar copied (once); a .war written anew with its spec's `models:`
+        updated by `spec_models` (node → its registration keys, a top-level key → its value: spec_with), beside its
+        node .mar files; the user's file is only read. Returns the file name to register."""
         self.fetch_missing()
         if not self.is_workflow:
             copy = store / f"{self.name}.mar"
@@ -166,11 +168,11 @@ class ForeignArchive:
                 if not (self.model_store / url).is_file():
                     fetch(joined(self.store_source, url), self.model_store, self.rules)
 
-    def spec_with(self, node_values: dict[str, dict]) -> dict:
-        """The .war's spec (a copy) with these values written into its nodes' `models:` entries."""
+    def spec_with(self, values: dict) -> dict:
+        """The .war's spec (a copy) with these values written into its `models:` (registration.write_models: a node's
+        name → its keys; a setting's key → the top-level value, the one function nodes take)."""
         spec = json.loads(json.dumps(self.spec))
-        for node, values in node_values.items():
-            spec["models"][node].update(values)
+        spec["models"] = write_models(spec["models"], values)
         return spec
 
 

@@ -20,6 +20,7 @@ class Deployment:
 
     def __init__(self):
         self.torchserve, self.active, self.load_s, self.fresh_workers, self.stopped = object(), None, 1.5, False, 0
+        self.archive_overrides = {"models.timeout-ms": 5000}  # what its .war's copy changed (registration.spec_overrides)
 
     def deploy(self, point):
         return SimpleNamespace(url="http://127.0.0.1:1", path="/predictions/seg")
@@ -56,6 +57,7 @@ def test_hooks_start_in_order_and_finish_the_other_way_round_and_their_keys_reac
     assert said == ["start a", "start b", "finish b metrics", "finish a metrics"]
     assert record["a_key"] is record["b_key"] is True and record["error"] is None and record["valid"] is True
     assert record["throughput_rps"] == 5.0 and record["weights_device"] == "cpu" and record["load_s"] == 1.5
+    assert record["archive_overrides"] == {"models.timeout-ms": 5000}
     assert record["run_id"] == POINT.run_id and record["batch_size"] == 2 and deployment.stopped == 0
 
 

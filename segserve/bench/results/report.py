@@ -221,6 +221,7 @@ def _target_section(target: str, records: list[dict], params: list[str], constra
         "",
         f"![{target}: throughput vs p99](plots/{plot})",
     ]
+    lines += _overrides_lines(group)
     if failed:
         lines += ["", "Failed points:", "", *(f"- `{r.get('run_id')}`: {cell(r['error'])}" for r in failed)]
     inaccurate = [r for r in measured if r.get("valid") is False]
@@ -232,6 +233,24 @@ def _target_section(target: str, records: list[dict], params: list[str], constra
             *(f"- `{r.get('run_id')}`: {cell(r.get('invalid_reason'))}" for r in inaccurate),
         ]
     return lines
+
+
+def _overrides_lines(records: list[dict]) -> list[str]:
+    """Which values of a .war's spec the points' copies changed (`archive_overrides`), one line per distinct set."""
+    points: dict[str, list[str]] = {}
+    for r in records:
+        if isinstance(r.get("archive_overrides"), dict) and r["archive_overrides"]:
+            changed = ", ".join(f"{key} {value}" for key, value in r["archive_overrides"].items())
+            points.setdefault(changed, []).append(f"`{r.get('run_id')}`")
+    if not points:
+        return []
+    return [
+        "",
+        "Spec values the points changed in their copy of the .war (`archive_overrides`; a function node takes the top "
+        "level's, `models.timeout-ms` and `models.retry-attempts`; the .war itself is left as it was):",
+        "",
+        *(f"- {', '.join(ids)}: {cell(changed)}" for changed, ids in points.items()),
+    ]
 
 
 def _causes_section(records: list[dict]) -> list[str]:

@@ -49,6 +49,11 @@ class Deployment:
     def load_s(self) -> float | None:
         return self.active.load_s if self.active is not None else None
 
+    @property
+    def archive_overrides(self) -> dict | None:
+        """The spec values the deployed point's .war copy changed (registration.spec_overrides); None: not a .war."""
+        return self.active.archive_overrides if self.active is not None else None
+
     def watched_processes(self, endpoint: Endpoint) -> dict[str, list[int]] | None:
         """The deployed point's processes by role, for their CPU and RSS; None for an http target (not ours)."""
         return self.active.watched_processes(endpoint) if self.active is not None else None

@@ -114,7 +114,8 @@ class PointMeasurement:
             cause = getattr(failure, "cause", None)  # a worker that did not load: its root cause (management.py)
             self.deployment.stop_servers()  # start clean for the next point
         record = record_for(point.point, reconfigure_s, metrics, error, point.weights_node)
-        record.update({"load_s": self.deployment.load_s, "error_cause": cause, **added})
+        overrides = self.deployment.archive_overrides  # which values of a .war's spec its copy changed
+        record.update({"load_s": self.deployment.load_s, "error_cause": cause, "archive_overrides": overrides, **added})
         if left_out:  # a workflow member: the inputs a node above it failed, which it never gets in the workflow
             record["inputs_left_out"] = left_out
         if point.weights_node:  # where the end-of-suite bare forward runs (its handler's `device`)

@@ -104,6 +104,9 @@ class Record(TypedDict, total=False):
     failures: dict | None
     # a workflow's answers its executor never received, by node (bench/run/lost_answers.py); None: not a workflow
     lost_answers: dict[str, int] | None
+    # the spec values a workflow point's .war copy changed, as TorchServe registers them ({"models.timeout-ms": 5000,
+    # "models.<node>.retry-attempts": 1, …}: registration.spec_overrides); None: not a .war
+    archive_overrides: dict[str, int] | None
     environment: dict  # the machine it was measured on (segserve/machine/identity.py)
 
 
@@ -187,6 +190,7 @@ EXTRA_COLUMNS = [
     "stall_cause",  # how long the point stalled and the node whose timeout-ms TorchServe waited (bench/run/stalls.py)
     "lost_answers",  # a workflow's: {node: its answers the executor never received} (bench/run/lost_answers.py)
     "lost_cause",  # those lost answers (or requests past the client's timeout) and the timeout-ms they wait, in words
+    "archive_overrides",  # a workflow's: {"models.timeout-ms": 5000, …}, what its .war copy changed (the user's file never)
 ]
 
 

@@ -48,6 +48,11 @@ class Param:
     def applies_to_handlers(self, handlers: set[str]) -> bool:
         return self.handlers is None or bool(self.handlers & handlers)
 
+    def applies_to_target(self, target) -> bool:
+        """A workflow spec's own setting (retry_attempts) applies to workflow targets only: a model registered alone
+        (a fused twin, a .mar) has no such setting."""
+        return target.is_workflow or not (self.registration and self.registration.workflow_only)
+
 
 def _stage(name: str, item, doc: str) -> Param:
     return Param(name, "archive", item, handler_keys=(name,), stage=True, per_node=True, doc=doc)
@@ -114,7 +119,16 @@ PARAMS = {
             "archive",
             PositiveInt,
             per_node=True,
-            doc=f"TorchServe's response timeout in seconds (a workflow node's {REGISTRATIONS['response_timeout'].workflow})",
+            doc=f"TorchServe's response timeout in seconds (a workflow's {REGISTRATIONS['response_timeout'].workflow}: each model "
+            "node's and, DAG-wide, the spec's top level, which function nodes take)",
+        ),
+        Param(
+            "retry_attempts",
+            "archive",
+            NonNegativeInt,
+            per_node=True,
+            doc=f"workflows only: how often TorchServe sends a node's request again once its timeout passed (the spec's "
+            f"{REGISTRATIONS['retry_attempts'].workflow}: each model node's and, DAG-wide, the top level, which function nodes take)",
         ),
         Param(
             "precision",

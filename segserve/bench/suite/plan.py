@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from segserve.archives.catalog import Catalog, Target
-from segserve.archives.registration import workflow_entry
+from segserve.archives.registration import workflow_entry, workflow_top
 from segserve.bench.suite.params import PARAMS, at_level, node_param, node_value_applies, workers_param
 from segserve.bench.suite.spec import Suite
 
@@ -72,7 +72,7 @@ def archive_values(suite: Suite, target: Target) -> dict:
     params = at_level("archive")
     if target.name in suite.archive_targets:  # a user's handlers: only TorchServe's registration values apply
         params = [p for p in params if p.registration]
-    values = {p.name: getattr(archive, p.name) for p in params if p.applies_to_handlers(target.handlers)}
+    values = {p.name: getattr(archive, p.name) for p in params if p.applies_to_handlers(target.handlers) and p.applies_to_target(target)}
     if target.is_model:
         return values
     by_node = {node.name: node.model.handler for node in target.nodes}
@@ -151,6 +151,14 @@ def settings_for(point: Point, target: Target) -> tuple[dict[str, dict], dict, d
                 else:
                     node_settings.setdefault(node.name, {}).update(param.handler_settings(value))
     return node_settings, stage, registration
+
+
+def spec_values(point: Point, target: Target, registration: dict[str, dict]) -> dict:
+    """What a workflow point writes into its .war's `models:` (registration.write_models): its DAG-wide timeout and
+    retries at the top level, the only values a function node takes, then each node's `registration`
+    (settings_for's) and workers."""
+    nodes = {node.name: {**registration.get(node.name, {}), **workflow_entry({}, point.workers.get(node.name))} for node in target.nodes}
+    return {**workflow_top(dict(point.archive)), **nodes}
 
 
 def swept(points: list[Point]) -> list[str]:

@@ -28,6 +28,7 @@ from pydantic import (
 
 from segserve.archives.archive_urls import masked_text
 from segserve.archives.catalog import Catalog, unknown
+from segserve.archives.registration import REGISTRATIONS
 from segserve.bench.suite.columns import METRICS
 from segserve.bench.suite.input_spec import InputSpec
 from segserve.bench.suite.params import LEVELS, PARAMS, at_level, node_value_applies
@@ -473,6 +474,9 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
                 )
     if suite.core_plan and not Path(suite.core_plan).is_file():
         problems.append(f"core_plan: no such file {suite.core_plan!r}")
+    for param in at_level("archive"):
+        if param.name in suite.grid.archive.model_fields_set and known and not any(param.applies_to_target(t) for t in known):
+            problems.append(f"grid.archive.{param.name}: applies to no target here (a workflow's: models and fused twins have none)")
     scaled = list(dict.fromkeys(node for t in known for node in t.scaled_nodes))
     for key in suite.grid.runtime.model_extra or {}:
         if key.removesuffix("_workers") not in scaled:
@@ -494,7 +498,7 @@ def catalog_problems(suite: Suite, catalog: Catalog) -> list[str]:
 
 def foreign_problems(suite: Suite, catalog: Catalog) -> list[str]:
     """segserve-handler settings asked of archive targets, whose handlers are their own: only TorchServe's
-    registration values (batch size, delay, timeout), workers, server and load parameters apply to them."""
+    registration values (batch size, delay, timeout, a .war's retries), workers, server and load parameters apply to them."""
     if not suite.archive_targets:
         return []
     problems = []
@@ -505,7 +509,7 @@ def foreign_problems(suite: Suite, catalog: Catalog) -> list[str]:
             names = ", ".join(suite.archive_targets)
             problems.append(
                 f"grid.archive.{param.name}: a setting of segserve's handlers; archive target(s) {names} run their own "
-                "(batch_size, max_batch_delay_ms and response_timeout apply to them)"
+                f"({', '.join(REGISTRATIONS)} apply to them)"
             )
     for name in suite.archive_targets:
         for node in catalog.targets[name].nodes:

@@ -15,7 +15,7 @@ import yaml
 
 from segserve.archives import registration
 from segserve.archives.catalog import Catalog
-from segserve.archives.registration import REGISTRATIONS, workflow_entry
+from segserve.archives.registration import REGISTRATIONS, workflow_entry, workflow_top
 from segserve.bench.results.manifests import node_value, served_foreign, served_fused, write_manifests
 from segserve.bench.results.sinks import FinishedRun, Sink
 from segserve.errors import RuntimeFailure, UsageError
@@ -154,11 +154,11 @@ class ArchiveFiles:
             scale = f"/models/{quote(name, safe='')}?{registration.scale_query(chosen['workers'])}"
             calls.append(f"call PUT {shlex.quote(scale)}")
         else:
-            nodes = {}
+            values = workflow_top(chosen)  # the top-level timeout and retries, as the point's copy had them: function nodes'
             for node in self.foreign.nodes:
-                values = {param: node_value(chosen, node, param) for param in REGISTRATIONS}
-                nodes[node] = workflow_entry(values, node_value(chosen, node, "workers"))
-            (best_dir / f"{name}.yaml").write_text(self.header + yaml.safe_dump(self.foreign.spec_with(nodes), sort_keys=False))
+                registered = {param: node_value(chosen, node, param) for param in REGISTRATIONS}
+                values[node] = workflow_entry(registered, node_value(chosen, node, "workers"))
+            (best_dir / f"{name}.yaml").write_text(self.header + yaml.safe_dump(self.foreign.spec_with(values), sort_keys=False))
             register = f"/workflows?{urlencode({'url': f'{name}.war', 'workflow_name': name})}"
             calls = [
                 f"# archive best/{shlex.quote(name)}.yaml with your handler into {shlex.quote(name)}.war (torch-workflow-archiver"

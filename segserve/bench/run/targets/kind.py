@@ -11,6 +11,7 @@ class Kind:
         self.changes = changes  # what the points cost, shared by the kinds: restarts, registrations, scales
         self.fresh_workers = False  # the last deploy started workers (registered, scaled or a server started)
         self.load_s: float | None = None  # the last deploy's start or registration: until every worker was ready
+        self.archive_overrides: dict | None = None  # what the registered .war's copy changed in its spec (None: not one)
 
     def owns(self, name: str) -> bool:
         raise NotImplementedError

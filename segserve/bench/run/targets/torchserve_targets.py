@@ -10,18 +10,20 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from handlers.optimize import IPEX_HINT
 from segserve.archives.build import COMPILED_STARTUP_TIMEOUT_S, Recipe
 from segserve.archives.catalog import Catalog, Target
-from segserve.archives.registration import from_workflow, workflow_entry
-from segserve.archives.war import WarSpec, read_war
+from segserve.archives.registration import from_workflow, spec_overrides
+from segserve.archives.war import WarSpec, read_war, war_of
 from segserve.bench.run.dag_requests import Failed
 from segserve.bench.run.inputs import Body
 from segserve.bench.run.measure import Endpoint, process_groups
 from segserve.bench.run.suite_inputs import digest
 from segserve.bench.run.targets.kind import Kind
 from segserve.bench.suite.params import at_level
-from segserve.bench.suite.plan import Point, settings_for
+from segserve.bench.suite.plan import Point, settings_for, spec_values
 from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.http import Connection, Response
@@ -146,7 +148,7 @@ class TorchServeTargets(Kind):
         if self.server is not None:
             self.server.stop()
             shutil.rmtree(self.server.run_dir, ignore_errors=True)
-        self.server = self.server_key = self.registered_key = None
+        self.server = self.server_key = self.registered_key = self.archive_overrides = None
 
     def close(self) -> None:
         self.stop()
@@ -166,7 +168,7 @@ class TorchServeTargets(Kind):
         if self.server is not None and self.registered_key is not None:
             previous = self.catalog.targets[self.registered_key[0]]
             self.server.unregister(previous.management, previous.name)
-        self.registered_key = None
+        self.registered_key = self.archive_overrides = None
 
     def ensure_registered(self, point: Point, target: Target) -> None:
         key = (point.target, point.archive)
@@ -180,18 +182,18 @@ class TorchServeTargets(Kind):
         workers = point.workers
         foreign = self.catalog.foreign.get(target.name)  # a user's archive: registered from a copy, never rebuilt
         if target.is_workflow:
-            spec_models = {
-                node.name: {**registration.get(node.name, {}), **workflow_entry({}, workers.get(node.name))} for node in target.nodes
-            }
+            spec_models = spec_values(point, target, registration)
             if foreign is not None:
-                archive = foreign.install(self.store, spec_models)
+                archive, before = foreign.install(self.store, spec_models), foreign.war
             else:
                 urls = {node.name: self._node_mar(target, node, node_settings.get(node.name, {}), {}) for node in target.nodes}
                 # the .war is written again each time under the target's name (TorchServe names nodes after it)
                 self.recipe.workflow_archive(self.catalog.dags[target.dag], target.name, urls, spec_models)
-                archive = target.archive
-            server.register_workflow(archive, target.name, log=lambda _: None)
+                archive, before = target.archive, catalog_war(self.catalog.dags[target.dag])
             self.workflow = registered_war(self.store / archive)
+            # what the point's copy changed, said in its record also when TorchServe refuses it
+            self.archive_overrides = spec_overrides(before, self.workflow) if before and self.workflow else None
+            server.register_workflow(archive, target.name, log=lambda _: None)
         else:
             if foreign is not None:
                 archive = foreign.install(self.store)
@@ -286,6 +288,14 @@ class TorchServeTargets(Kind):
                 self.current_workers[node] = count
                 self.fresh_workers = True
                 self.changes["scales"] += 1
+
+
+def catalog_war(dag) -> WarSpec | None:
+    """A catalog DAG's spec as the reader reads a .war of it: what a point's .war is compared with (its overrides)."""
+    try:
+        return war_of(dag.spec_path, dag.name, dag.spec_path.name, yaml.safe_load(dag.spec_path.read_text()), None)
+    except UsageError:
+        return None
 
 
 def registered_war(path: Path) -> WarSpec | None:
