@@ -91,7 +91,8 @@ def _masked_urls(text: str, query_end: re.Pattern) -> str:
         authority_end = _found_or_end(AUTHORITY_END, text, begin)
         at = text.rfind("@", begin, authority_end)
         host_end = min(authority_end, _found_or_end(query_end, text, begin))  # where the text around it resumes
-        if at < 0 and not _valid_authority(text[begin:host_end]):  # a password's raw '/', '?' or '#' ended it
+        if at < 0 and not (_valid_authority(text[begin:host_end]) and not _password_cut(text, begin, authority_end)):
+            # a password's raw '/', '?' or '#' ended it
             at = text.rfind("@", authority_end, _found_or_end(LINE_END, text, authority_end))
             if at < 0:  # no host after it on its line (a quoted line cut short): the whole of it hidden
                 pieces += [text[done:begin], "***"]
@@ -108,6 +109,15 @@ def _masked_urls(text: str, query_end: re.Pattern) -> str:
             pieces += [text[done : question + 1], query]
             done = end
     return "".join(pieces) + text[done:]
+
+
+def _password_cut(text: str, begin: int, authority_end: int) -> bool:
+    """Whether an authority `user:123` ends at a '/' whose path segment holds an '@': `u:123/ss@h` is a password
+    `123/ss` cut by its raw '/' (urlsplit reads port 123), not a host and a port."""
+    if ":" not in text[begin:authority_end] or not text.startswith("/", authority_end):
+        return False
+    segment_end = _found_or_end(re.compile(r"[/?#\s\"'{}\[\],]"), text, authority_end + 1)
+    return "@" in text[authority_end + 1 : segment_end]
 
 
 def _valid_authority(authority: str) -> bool:
@@ -208,6 +218,8 @@ def scheme_problem(url: str, rules: DownloadRules) -> str | None:
         parts = urlsplit(url)
         parts.port  # noqa: B018 (raises on a port that is not a number)
     except ValueError:  # a raw '/', '?', '#' or '[' in a password: urllib would read the host wrong
+        return f"{masked(url)}: its host or port does not read as one: percent-encode a password's '/', '?', '#', '[' or ']'"
+    if _password_cut(url, len(parts.scheme) + 3, len(parts.scheme) + 3 + len(parts.netloc)):
         return f"{masked(url)}: its host or port does not read as one: percent-encode a password's '/', '?', '#', '[' or ']'"
     if parts.scheme == "http" and not rules.plain_http and not is_loopback(parts.hostname or ""):
         return f"{masked(url)}: plain http goes to loopback only: use https:// (or `plain_http: true` in the archive target)"

@@ -100,18 +100,17 @@ class ForeignArchive:
     def member_name(self, node: str) -> str:
         return f"{self.name}-{node}"
 
-    def members(self, env: dict[str, str] | None = None) -> list["ForeignArchive"]:
+    def members(self) -> list["ForeignArchive"]:
         """Each model node's .mar as a target of its own, measured alone on what the workflow sends it: the start
         node this .war's inputs, every other node what its DAG makes of them (bench/run/dag_requests.py). Function nodes are
-        not members: TorchServe runs them at batch size 1 in a worker of their own, measured only inside the DAG."""
+        not members: TorchServe runs them at batch size 1 in a worker of their own, measured only inside the DAG. Read,
+        never imported: its function names are check_function_names', which runs the .war's code."""
         where = f"targets.{self.name}.members"
         if self.spec is None:
             raise UsageError(f"{where}: {self.path.name} has no workflow spec segserve can read")
         war = self.war
         if war is None:  # a DAG TorchServe would refuse: refused here too
             raise UsageError(f"{where}: {self.refusal}")
-        if war.functions:  # as TorchServe's loader finds them: asked of the imported file (segserve fuse does the same)
-            check_functions(war, function_names(war, env=env), f"{where}: {self.path.name}")
         parents = war.parents
         members = []
         for node, url in self.nodes.items():
@@ -120,6 +119,14 @@ class ForeignArchive:
             remote = {"source": source, "store_source": self.store_source, "rules": self.rules}
             members.append(ForeignArchive(self.member_name(node), path, self.model_store, node=node, workflow=workflow, **remote))
         return members
+
+    def check_function_names(self, env: dict[str, str] | None) -> None:
+        """Each function node of the .war a name its handler file binds, as TorchServe's loader finds it: asked of the
+        file imported in a process of its own with environment `env` (it runs the archive's code: only once the user
+        has been told so), its source read where it does not import; segserve fuse checks the same way."""
+        war = self.war
+        if war is not None and war.functions:
+            check_functions(war, function_names(war, env=env), f"targets.{self.name}.members: {self.path.name}")
 
     def _leaves(self) -> list[str]:
         war = self.war

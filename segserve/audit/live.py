@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from segserve.archives.archive_urls import masked
 from segserve.audit.security_rules import beyond_loopback
 from segserve.errors import RuntimeFailure, UsageError
 
@@ -62,12 +63,12 @@ def _get(url: str, key: str | None = None) -> tuple[int, bytes]:
 def _checked(management_url: str, sends_key: bool) -> str:
     """The base URL: http(s) only, and a key sent in the clear only to this host."""
     base = management_url.rstrip("/")
-    scheme = urlsplit(base).scheme
+    scheme, shown = urlsplit(base).scheme, masked(base)  # a URL's user info is never printed
     if scheme not in ("http", "https") or not urlsplit(base).hostname:
-        raise UsageError(f"--management {base}: not an http:// or https:// address (http://127.0.0.1:8081)")
+        raise UsageError(f"--management {shown}: not an http:// or https:// address (http://127.0.0.1:8081)")
     if sends_key and scheme == "http" and beyond_loopback(base):
         raise UsageError(
-            f"--management {base}: the management key would cross the network unencrypted: give an https:// address, "
+            f"--management {shown}: the management key would cross the network unencrypted: give an https:// address, "
             "or run the audit on the server's host (http://127.0.0.1:...)"
         )
     return base
@@ -78,7 +79,7 @@ def observe(management_url: str, token_file: Path | None) -> ServerView:
     base = _checked(management_url, key is not None)
     status, body = _get(f"{base}/api-description")
     if status != 200:
-        raise RuntimeFailure(f"--management {base}: GET /api-description answered {status}: is this TorchServe's management API?")
+        raise RuntimeFailure(f"--management {masked(base)}: GET /api-description answered {status}: is this TorchServe's management API?")
     version = json.loads(body).get("info", {}).get("version")
     tokenless, _ = _get(f"{base}/models")
     models = None

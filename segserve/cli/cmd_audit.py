@@ -7,6 +7,7 @@ from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 
+from segserve.archives.archive_urls import masked
 from segserve.errors import UsageError
 
 PLACES = {"default": "default", "server": "the server", "installed": "installed torchserve"}  # a finding not on a line
@@ -44,7 +45,7 @@ def run(args) -> int:
         report = {"config": args.config, "torchserve": version, "version_from": source, "models": models, "counts": counts}
         print(json.dumps(report | {"findings": [asdict(f) for f in findings]}, indent=2))
     else:
-        where = {"server": f"at {args.management}", "installed": "installed here"}[source]
+        where = {"server": f"at {masked(args.management or '')}", "installed": "installed here"}[source]
         served = "" if models is None else f"; serving {len(models)} model(s): {', '.join(models) or '-'}"
         total = ", ".join(f"{n} {severity}" for severity, n in counts.items())
         print(f"{args.config}: TorchServe {version or 'of unknown version'} ({where}){served}; {len(findings)} finding(s): {total}")

@@ -172,7 +172,7 @@ def run_suite(args) -> int:
     from segserve.bench.run.suite_run import SuiteRun, carries_weights, describe_search, prepare, strategy_for
     from segserve.bench.run.suite_run import run_suite as run_points
     from segserve.bench.suite import plan
-    from segserve.bench.suite.spec import load_suite
+    from segserve.bench.suite.spec import check_member_functions, load_suite
 
     suite_path, known = Path(args.suite), catalog()
     if args.heartbeat_s < 1:
@@ -180,6 +180,8 @@ def run_suite(args) -> int:
     suite = load_suite(suite_path, known)
     if suite.archive_targets:  # before anything of theirs runs (docs/benchmarking.md, "Archives are code")
         print(ARCHIVES_ARE_CODE.format(names=", ".join(suite.archive_targets)))
+    if not args.dry_run:
+        check_member_functions(suite, known)  # imports a .war's function file: only after the note above
     run = SuiteRun(
         suite_path,
         suite,

@@ -298,3 +298,13 @@ def test_the_documented_table_lists_every_rule():
     text = (ROOT / "docs" / "security.md").read_text()
     rows = re.findall(r"^\| `(\w+)` \| (High|Medium|Low) \|", text, re.M)
     assert sorted(rows) == sorted((r.key, r.severity) for r in RULES)
+
+
+def test_a_management_url_with_user_info_is_never_printed_with_it(tmp_path, capsys):
+    # the second reading of #64: --management's user:password went whole into the refusal (refused before any request)
+    keys = tmp_path / "key_file.json"
+    keys.write_text(json.dumps({"management": {"key": "m"}, "inference": {"key": "i"}, "API": {"key": "a"}}))
+    command = ["audit", str(ROOT / "config.properties"), "--management", "http://user:pw@10.0.0.1:8081", "--token-file", str(keys)]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "pw" not in err and "http://***@10.0.0.1:8081" in err, err

@@ -51,7 +51,9 @@ def fuse_says(path: Path, store: Path) -> str | None:
 def members_say(path: Path, store: Path) -> str | None:
     """None when `members: true` accepts the .war (its members listed), else its refusal."""
     try:
-        read_archive("flow", str(path), str(store)).members()
+        archive = read_archive("flow", str(path), str(store))
+        archive.members()
+        archive.check_function_names(dict(os.environ))
     except UsageError as error:
         return str(error)
     return None
@@ -140,3 +142,28 @@ def test_what_torchserve_refuses_is_refused_by_the_reader_naming_the_node(tmp_pa
     with pytest.raises(UsageError, match="flow.war: ") as refused:
         read_war(war(tmp_path, spec))
     assert message in str(refused.value)
+
+
+def test_loading_a_suite_runs_no_code_of_a_war_and_bench_asks_its_functions_only_after_saying_so(tmp_path, monkeypatch, capsys):
+    """A .war's function file imported when a suite is loaded would run a user's (or a shared study's) code in
+    `bench collect`, `replay` and `--dry-run`: it is read there, and imported only by `segserve bench` after its note."""
+    from segserve.archives.catalog import Catalog
+    from segserve.bench.suite.spec import check_member_functions, load_suite
+    from tests.conftest import ROOT
+
+    mar(tmp_path, "a")
+    marker = tmp_path / "imported"
+    functions = f"open({str(marker)!r}, 'w').close()\nglobals()['pre'] = lambda data, context: data\n"
+    war(tmp_path, "models:\n  a: {url: a.mar}\ndag:\n  pre: [a]\n", functions)
+    (tmp_path / "in.bin").write_bytes(b"x")
+    suite = tmp_path / "s.yaml"
+    suite.write_text("targets: [{name: flow, archive: flow.war, members: true}]\ninputs: [{files: [in.bin]}]\n")
+    monkeypatch.chdir(tmp_path)
+    catalog = Catalog(ROOT)
+    loaded = load_suite(suite, catalog)
+    assert not marker.exists() and "flow-a" in loaded.target_names  # read: its members listed, nothing imported
+    check_member_functions(loaded, catalog)  # `pre` is bound only by globals(): found because the file is imported
+    assert marker.exists()
+    marker.unlink()
+    assert main(["bench", str(suite), "--dry-run"]) == 0 and "note: an archive runs its own Python" in capsys.readouterr().out
+    assert not marker.exists()  # a dry run imports nothing of it

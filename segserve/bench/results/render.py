@@ -5,7 +5,7 @@ import math
 
 from segserve.bench.results.analysis import Analysis
 from segserve.bench.suite.columns import METRICS, satisfies
-from segserve.shown_text import for_markdown
+from segserve.shown_text import for_markdown, for_terminal
 
 UNIT_SUFFIXES = ("_rps", "_ms", "_pct", "_mb", "_s")
 
@@ -104,7 +104,9 @@ def terminal_summary(records: list[dict], swept: list[str], analysis: Analysis) 
         )
         # a row from a point that stalled, lost answers or broke a constraint: said beside it, not left out
         flagged = [row for row in rows if row.get("flags")]
-        text += "".join(f"\n{row['pipeline']}: {'' if row['feasible'] else 'NOT FEASIBLE: '}{row['flags']}" for row in flagged)
+        text += "".join(
+            f"\n{row['pipeline']}: {'' if row['feasible'] else 'NOT FEASIBLE: '}{for_terminal(row['flags'])}" for row in flagged
+        )
     if analysis.breakdown:
         text += "\n\nWhere a pipeline request's time goes (ms per request; node_ms holds the queue; see report.md):\n"
         text += render_table(analysis.breakdown)

@@ -355,7 +355,7 @@ def _failures_section(records: list[dict]) -> list[str]:
 
 
 def _counts(counts: dict[str, int]) -> str:
-    return ", ".join(f"{name}: {count}" for name, count in counts.items())
+    return ", ".join(f"{cell(name)}: {count}" for name, count in counts.items())  # a .war's node names are the user's
 
 
 def _flags_section(records: list[dict]) -> list[str]:

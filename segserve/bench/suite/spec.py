@@ -416,12 +416,7 @@ def add_members(suite: Suite, catalog: Catalog) -> None:
     """A .war target with `members: true`: its nodes' .mar files as archive targets of the suite, after it."""
     targets = list(suite.targets)
     for war in [t for t in suite.archive_targets.values() if t.members]:
-        # its function names asked of its handler file, imported as its workers would import it (a scratch HOME)
-        from segserve.serving.server import archive_environment, scratch_home
-
-        with tempfile.TemporaryDirectory(prefix="segserve-archive-home-") as folder:
-            env = archive_environment(war.worker_env, scratch_home(Path(folder) / "home"))
-            members = catalog.foreign[war.name].members(env)
+        members = catalog.foreign[war.name].members()  # read, not imported: loading a suite runs no archive's code
         taken = [m.name for m in members if m.name in suite.target_names or m.name in catalog.targets]
         if taken and any(catalog.foreign.get(name) not in members for name in taken):
             raise UsageError(f"targets.{war.name}.members: {', '.join(taken)} is already a target: rename it")
@@ -430,6 +425,17 @@ def add_members(suite: Suite, catalog: Catalog) -> None:
         at = targets.index(war) + 1
         targets[at:at] = entries
     suite.targets = targets
+
+
+def check_member_functions(suite: Suite, catalog: Catalog) -> None:
+    """Each `members: true` .war's function names, asked of its handler file imported as its workers would import it
+    (the archive environment, a scratch HOME): run by `segserve bench` once it has said that archives are code, before
+    any point, never by loading a suite (bench collect, replay and --dry-run run nothing of an archive's)."""
+    from segserve.serving.server import archive_environment, scratch_home
+
+    for war in [t for t in suite.archive_targets.values() if t.members]:
+        with tempfile.TemporaryDirectory(prefix="segserve-archive-home-") as folder:
+            catalog.foreign[war.name].check_function_names(archive_environment(war.worker_env, scratch_home(Path(folder) / "home")))
 
 
 def member_target(war: ArchiveTarget, member) -> ArchiveTarget:

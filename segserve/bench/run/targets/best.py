@@ -21,6 +21,7 @@ from segserve.bench.results.sinks import FinishedRun, Sink
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import label
 from segserve.serving.ts_config import render_config
+from segserve.shown_text import for_terminal
 
 # best/register.sh: TorchServe 0.12 writes key_file.json (its keys, mode 0600) in the directory it was started from,
 # and wants `Authorization: Bearer <management key>` on every management call (best/config.properties keeps token
@@ -179,7 +180,7 @@ class ArchiveFiles:
         except (UsageError, RuntimeFailure) as why:  # a node it cannot fuse, or the archiver failing on it
             shutil.rmtree(fused_dir, ignore_errors=True)
             (best_dir / "fused.txt").write_text(f"{war}.war cannot be fused into one .mar, so KServe cannot serve it: {why}\n")
-            self.log(f"best/: no fused .mar of {war}.war: {why}")
+            self.log(f"best/: no fused .mar of {war}.war: {for_terminal(why)}")  # it may quote the user's handler
             return
         shutil.copy(best_dir / "config.properties", fused_dir / "config.properties")
         notes = (

@@ -28,6 +28,7 @@ from segserve.bench.suite.spec import Suite
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.http import Connection, Response
 from segserve.serving.server import TorchServe
+from segserve.shown_text import for_terminal
 
 # a worker that compiles its network (optimize compile/int8) loads for tens of seconds on 2 cores
 WORKER_LOAD_TIMEOUT_S = COMPILED_STARTUP_TIMEOUT_S
@@ -254,7 +255,8 @@ class TorchServeTargets(Kind):
             if isinstance(row, Failed)
         ]
         said = f"; it failed {len(failed)}, which go no further: {'; '.join(failed)}" if failed else ""
-        self.log(f"captured what {name} answers to its {len(bodies)} input(s): its children's inputs{said}")
+        # the failures quote a worker's error and its log: shown, their escapes not obeyed
+        self.log(f"captured what {name} answers to its {len(bodies)} input(s): its children's inputs{for_terminal(said)}")
         return answered
 
     def check_python(self, optimizations: set) -> None:
