@@ -41,6 +41,7 @@ def measurement(where: str) -> tuple[str, str]:
 SMOKE: dict[str, tuple[str, str]] = {
     "make setup": ("prerequisite", "its .venv/.installed is built before make test's tests (test → lint → setup-dev)"),
     "make setup-dev": ("prerequisite", "test → lint → setup-dev"),
+    "make setup-ray": ("prerequisite", "test → lint → setup-dev → setup-ray (Ray Serve for tests/unit/test_ray_engine.py)"),
     "make lint": ("prerequisite", "ruff check and ruff format --check"),
     "make setup-checkov": ("prerequisite", "checkov in .venv/checkov for tests/unit/test_manifest_checkov.py, which fails without it"),
     "make setup-postgres": ("prerequisite", "where PostgreSQL cannot be installed, its tests skip and say why"),

@@ -6,6 +6,8 @@ and no two modules import each other, directly or around a circle.
  2 segserve/model/           the network: synthetic data, training, int8, accuracy, the bare forward, handlers in process
  3 segserve/archives/        the catalog, building .mar/.war files, archives in S3
  4 segserve/serving/         one TorchServe: its processes, config, cores, client, metrics, a pipeline started on it
+   segserve/engines/,        what both engines run of TorchServe's worker protocol; the Ray engine (any .mar on Ray
+   engines/ray/              Serve with TorchServe's inference API)
  5 segserve/autoscale/       the autoscaler's rules and its loop beside a server
  6 segserve/bench/suite/     a suite: its file, parameters, plan, columns
  7 segserve/bench/results/   records on disk, analyses, renderers, exports
@@ -30,6 +32,8 @@ FOLDERS = {
     "segserve.model": 2,
     "segserve.archives": 3,
     "segserve.serving": 4,
+    "segserve.engines": 4,
+    "segserve.engines.ray": 4,
     "segserve.autoscale": 5,
     "segserve.bench.suite": 6,
     "segserve.bench.results": 7,

@@ -16,7 +16,6 @@ failed it) goes no further, so only that node's descendants are fed without it.
 """
 
 import base64
-import email.parser
 import importlib.util
 import json
 import os
@@ -29,9 +28,9 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import parse_qsl
 
 from segserve.archives.war import read_dag
+from segserve.engines.worker_protocol import metrics_cache, read_predict_reply, worker_row
 from segserve.errors import RuntimeFailure
 
 
@@ -126,39 +125,6 @@ def request_of(parent_answers: dict[str, bytes]) -> bytes:
     return named_inputs({parent: bytes(answer) for parent, answer in parent_answers.items()})
 
 
-def worker_row(body: bytes, content_type: str) -> tuple[dict, dict]:
-    """(row, parameter headers) a TorchServe worker hands a handler for an HTTP request of this body and type: the
-    frontend's parameters (InferenceRequestHandler.parseRequest: a form's fields and files, else `body` with the
-    request's type) decoded as the worker decodes them (JSON, text, else a bytearray)."""
-    mime = content_type.split(";")[0].strip().lower()
-    if mime == "multipart/form-data":
-        message = email.parser.BytesParser().parsebytes(f"Content-Type: {content_type}\r\n\r\n".encode() + bytes(body))
-        # a part with a file name is a FileUpload (its content type kept), one without a field (none)
-        params = [
-            (part.get_param("name", header="content-disposition"), part.get_content_type() if part.get_filename() else "", part)
-            for part in message.get_payload()
-        ]
-        params = [(name, kind, part.get_payload(decode=True) or b"") for name, kind, part in params]
-    elif mime == "application/x-www-form-urlencoded":
-        params = [(name, "", value.encode()) for name, value in parse_qsl(bytes(body).decode("utf-8"), keep_blank_values=True)]
-    else:
-        params = [("body", mime, bytes(body))]
-    row = {name: _decoded(value, kind) for name, kind, value in params}
-    return row, {name: {"content-type": kind} for name, kind, _ in params}
-
-
-def _decoded(value: bytes, content_type: str):
-    """ts/protocol/otf_message_handler.py's _retrieve_input_data: JSON and text decoded, the rest a bytearray."""
-    try:
-        if content_type == "application/json":
-            return json.loads(value.decode("utf-8"))
-        if content_type.startswith("text"):
-            return value.decode("utf-8")
-    except ValueError:  # the worker forwards what does not decode as it came
-        pass
-    return bytearray(value)
-
-
 class FunctionFile:
     """A .war's function file, run as TorchServe runs a function node: each node in a Python process of its own (as
     each gets a worker of its own; a crash or a stray exit stays there), from a copy of the .war's files that is its
@@ -232,7 +198,7 @@ def _run_node(request: dict) -> list[dict]:
         spec.loader.exec_module(module)
         entry = getattr(module, node)
         # as ts/model_loader.py builds a function node's: no MANIFEST in the .war's folder, batch size 1
-        context = Context(f"{request['workflow']}__{node}", folder, None, 1, None, ts.__version__, True, _metrics(), {})
+        context = Context(f"{request['workflow']}__{node}", folder, None, 1, None, ts.__version__, True, metrics_cache(), {})
         entry(None, context)  # TorchServe's load-time call
     except Exception as error:
         raise RuntimeFailure(f"{where} ({request['functions_file']}) does not load: {type(error).__name__}: {error}") from error
@@ -275,23 +241,10 @@ def worker_bytes(value) -> bytes:
 def _encoded_by_torchserve(value) -> bytes:
     from ts.protocol.otf_message_handler import create_predict_response
 
-    message = bytes(create_predict_response([value], {0: "r"}, "", 200))
-    if int.from_bytes(message[:4], "big", signed=True) != 200:  # "Unsupported model output data type."
+    reply = read_predict_reply(bytes(create_predict_response([value], {0: "r"}, "", 200)))
+    if reply.code != 200:  # "Unsupported model output data type."
         raise TypeError(f"a {type(value).__name__} is not an answer a worker can send")
-    # code, message "", request id "r", content type "", status, phrase "", no headers: 4+4+5+4+4+4+4 bytes; the
-    # row's length and bytes; the end of the list (-1)
-    length = int.from_bytes(message[29:33], "big", signed=True)
-    return message[33 : 33 + length]
-
-
-def _metrics():
-    """A metrics cache as a worker's (from TorchServe's default metrics.yaml), for handlers that record metrics."""
-    import ts
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-
-    cache = MetricsCacheYamlImpl(config_file_path=str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    cache.initialize_cache()
-    return cache
+    return reply.rows[0].body
 
 
 def _child(request_path: str, reply_path: str) -> None:

@@ -1,0 +1,233 @@
+"""One Ray engine: .mar files served by Ray Serve with TorchServe's inference API, started and stopped by process id.
+
+Its run folder holds what a TorchServe's holds for clients (key_file.json: `segserve token` and best/register.sh
+read it the same way) and the driver's log; Ray's own temp folder is a short one of its own under the system's (Ray
+puts unix sockets in it, whose paths must stay under 108 bytes), named in the run folder's `ray_temp_dir`.
+
+Every process is found by what is true: the driver leads a session of its own, and Ray's GCS, raylet, workers and
+agents and the HAProxy that Serve's proxy starts stay in it; each also carries SEGSERVE_RUN_DIR=<run folder> in its
+environment, as a TorchServe's do (segserve/serving/processes.py), where it can still be read (Ray's agents retitle
+themselves with setproctitle, which overwrites it: only the session finds those). stop() asks the driver to shut Ray
+down, then ends by pid every process of the session or the marker still alive: `ray stop --force` leaves HAProxy
+running, the driver's ray.shutdown() Ray's agents; nothing is ever killed by name.
+
+Modes: Serve's default proxy, or `haproxy=True`: RAY_SERVE_ENABLE_HA_PROXY=1 and RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+(HAProxy in front, direct ingress). HAProxy's config, admin socket and state go into Ray's temp folder, not the
+fixed /tmp/haproxy-serve/ paths (two engines would share them), and its stats and metrics ports are free ports;
+Ray 2.60's template binds both to all interfaces, unauthenticated (docs/ray.md).
+"""
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from segserve.engines.ray.torchserve_api import new_keys
+from segserve.errors import RuntimeFailure, UsageError
+from segserve.serving import processes
+from segserve.serving.http import request
+from segserve.serving.management import ManagementClient
+from segserve.serving.ts_config import free_port
+
+RAY_TEMP_ROOT = Path(tempfile.gettempdir())
+
+
+def haproxy_env(temp_dir: Path) -> dict[str, str]:
+    """Ray 2.60's HAProxy settings (ray/serve/_private/constants.py) for one engine: its files in its own folder,
+    its stats and metrics on free ports."""
+    folder = temp_dir / "h"  # Ray adds a 56-character folder per node: HAProxy takes socket paths of 97 bytes at most
+    return {
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(folder / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        # the proxy HAProxy falls back to (on loopback with node IP 127.0.0.1): 8500 and 9500 would collide
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
+    }
+
+
+@dataclass
+class RayServe(ManagementClient):
+    run_dir: Path
+    models: list  # replica.ModelSpec
+    port: int | None = None  # None: a free port
+    haproxy: bool = False
+    num_cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
+    model_store: Path | None = None
+    venv: Path | None = None
+
+    @property
+    def temp_dir_file(self) -> Path:
+        return self.run_dir / "ray_temp_dir"
+
+    @property
+    def driver_pid_file(self) -> Path:
+        return self.run_dir / "ray_driver.pid"
+
+    @property
+    def driver_log(self) -> Path:
+        return self.run_dir / "logs" / "ray_driver.log"
+
+    def url(self, api: str) -> str:
+        if api != "inference":
+            raise UsageError(f"the Ray engine serves TorchServe's inference API only, not its {api} API (yet: docs/ray.md)")
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.driver_log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def start(self, startup_timeout_s: float = 240) -> float:
+        """Start Ray and deploy the models; the seconds it took until /ping answered 200."""
+        if self.engine_processes():
+            raise RuntimeFailure(f"a Ray engine of {self.run_dir} is running: stop it first")
+        began = time.monotonic()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port()
+        temp_dir = Path(tempfile.mkdtemp(prefix="segray-", dir=RAY_TEMP_ROOT))
+        self.temp_dir_file.write_text(str(temp_dir))
+        self._write_private(self.key_file, json.dumps(new_keys(), indent=2))
+        self._write_private(self.run_dir / "ray_auth_token", secrets.token_hex(32))
+        ready = self.run_dir / "ray_ready.json"
+        ready.unlink(missing_ok=True)
+        plan = {
+            "models": [asdict(m) for m in self.models],
+            "port": self.port,
+            "key_file": str(self.key_file),
+            "folder": str(temp_dir),
+            "temp_dir": str(temp_dir),
+            "ready": str(ready),
+            "num_cpus": self.num_cpus,
+        }
+        (self.run_dir / "ray_plan.json").write_text(json.dumps(plan, indent=2))
+        self.driver_log.parent.mkdir(exist_ok=True)
+        with open(self.driver_log, "ab") as log:
+            command = [sys.executable, "-m", "segserve.engines.ray.driver", str(self.run_dir / "ray_plan.json")]
+            driver = subprocess.Popen(command, env=self._environment(temp_dir), stdout=log, stderr=log, start_new_session=True)
+        self.driver_pid_file.write_text(str(driver.pid))
+        try:
+            self._wait_until_up(driver, ready, startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return time.monotonic() - began
+
+    def _environment(self, temp_dir: Path) -> dict[str, str]:
+        env = {
+            **os.environ,
+            processes.MARKER: str(self.run_dir.resolve()),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # every RPC into this Ray needs the token (Ray >= 2.52); kept in the run folder, never in ~/.ray
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN_PATH": str(self.run_dir / "ray_auth_token"),
+        }
+        env.pop("RAY_AUTH_TOKEN", None)  # one of the caller's would win over the path
+        env.pop("RAY_ADDRESS", None)  # a new local Ray, never a cluster the caller's environment names
+        return env | (haproxy_env(temp_dir) if self.haproxy else {})
+
+    @staticmethod
+    def _write_private(path: Path, text: str) -> None:
+        path.unlink(missing_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(text)
+
+    def _wait_until_up(self, driver: subprocess.Popen, ready: Path, startup_timeout_s: float) -> None:
+        deadline = time.monotonic() + startup_timeout_s
+        while not ready.exists():
+            if driver.poll() is not None:
+                raise RuntimeFailure(f"the Ray engine's driver ended with status {driver.returncode} before serving:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"the Ray engine did not deploy in {startup_timeout_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+        while True:  # HAProxy comes up after serve.run returns
+            try:
+                if request(self.url("inference"), "GET", "/ping", token=self.token("inference"), timeout_s=5).status == 200:
+                    return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"the Ray engine did not answer /ping in {startup_timeout_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def engine_processes(self) -> list[psutil.Process]:
+        """Every live process of this engine: the driver's session, and those marked with its run folder."""
+        found = {p.pid: p for p in processes.server_processes(self.run_dir)}
+        try:
+            session = int(self.driver_pid_file.read_text())
+        except (OSError, ValueError):
+            session = None
+        for process in psutil.process_iter():
+            try:
+                if session and process.pid != os.getpid() and os.getsid(process.pid) == session:
+                    if process.status() != psutil.STATUS_ZOMBIE:
+                        found[process.pid] = process
+            except (OSError, psutil.Error):  # gone meanwhile
+                continue
+        return list(found.values())
+
+    def process_ids(self) -> list[int]:
+        return [p.pid for p in self.engine_processes()]
+
+    def stop(self, timeout_s: float = 20) -> str:
+        """The driver asked to shut Ray down (SIGTERM, up to timeout_s), then every process of the engine still
+        alive ended by pid (SIGTERM, then SIGKILL after 5 s); Ray's temp folder removed. What was stopped, or ""
+        when nothing ran."""
+        found = self.engine_processes()
+        stopped = f"{len(found)} processes of the Ray engine ({', '.join(sorted({_name(p) for p in found}))})" if found else ""
+        driver = next((p for p in found if "segserve.engines.ray.driver" in " ".join(_cmdline(p))), None)
+        if driver is not None:
+            driver.terminate()
+            psutil.wait_procs([driver], timeout=timeout_s)
+        for send in (psutil.Process.terminate, psutil.Process.kill):
+            left = self.engine_processes()
+            for process in left:
+                try:
+                    send(process)
+                except psutil.Error:  # gone meanwhile
+                    pass
+            psutil.wait_procs(left, timeout=5)
+        if left := self.engine_processes():
+            raise RuntimeFailure(f"the Ray engine of {self.run_dir} outlived SIGKILL: pid(s) {', '.join(str(p.pid) for p in left)}")
+        if self.temp_dir_file.exists():
+            shutil.rmtree(self.temp_dir_file.read_text().strip(), ignore_errors=True)
+            self.temp_dir_file.unlink()
+        self.driver_pid_file.unlink(missing_ok=True)
+        return stopped
+
+    def __enter__(self) -> "RayServe":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:  # gone meanwhile
+        return []
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.Error:
+        return "gone"

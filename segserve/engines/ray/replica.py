@@ -1,0 +1,120 @@
+"""One .mar, loaded and run as TorchServe 0.12's Python worker runs it, in a Ray Serve replica: TorchServe's own
+Python side (the installed torchserve package: ts.model_loader, ts.service) does the work, no Java.
+
+The load is model_service_worker.load_model's: the archive extracted into a folder of its own, that folder first on
+sys.path and the working directory (the frontend starts a worker there, WorkerLifeCycle), the manifest's handler and
+envelope, gpu_id 0 where this replica has a GPU (Ray's CUDA_VISIBLE_DEVICES shows it as device 0) and None on the
+CPU, the batch size, limit_max_image_pixels, and a metrics cache from TorchServe's metrics.yaml. Each batch goes to
+Service.predict as the worker reads it from the frontend (worker_protocol.worker_request), and its reply is read
+back as the frontend reads it (worker_protocol.read_predict_reply, torchserve_api.answers).
+
+Service.predict hands the context the worker's socket (context.cl_socket) only for streamed answers
+(send_intermediate_predict_response): here there is none, so a handler that streams fails its batch.
+"""
+
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ray import serve
+
+from segserve.engines.ray.torchserve_api import Answer, answers
+from segserve.engines.worker_protocol import metrics_cache, read_predict_reply, worker_request
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as TorchServe registers it: its name and archive, and the registration's batching, workers and job
+    queue (TorchServe's defaults: batch 1, 100 ms, 1 worker, a queue of 100)."""
+
+    name: str
+    archive: str  # a .mar's path
+    batch_size: int = 1
+    max_batch_delay_ms: int = 100
+    workers: int = 1
+    job_queue_size: int = 100
+
+    def version(self) -> str:
+        """The manifest's modelVersion, as TorchServe serves it (1.0 where the archiver was given none)."""
+        with zipfile.ZipFile(self.archive) as mar:
+            return str(json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"].get("modelVersion") or "1.0")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the ingress hands a replica for one HTTP request."""
+
+    request_id: str
+    headers: list[tuple[bytes, bytes]]  # as the handler sees them (torchserve_api.request_headers)
+    body: bytes
+    content_type: str
+
+
+def extract(archive: str, parent: Path) -> Path:
+    """The .mar unpacked into a new folder under `parent` (zipfile drops absolute paths and '..' from names)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{Path(archive).stem}-", dir=parent))
+    with zipfile.ZipFile(archive) as mar:
+        mar.extractall(folder)
+    return folder
+
+
+def load_service(spec: ModelSpec, model_dir: Path, gpu_id: int | None):
+    """ts.model_loader's load of the archive extracted in `model_dir`, from there, as the worker loads it."""
+    from ts.model_loader import ModelLoaderFactory
+
+    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())["model"]
+    sys.path.insert(0, str(model_dir))
+    os.chdir(model_dir)
+    loader = ModelLoaderFactory.get_model_loader()
+    service = loader.load(
+        spec.name,
+        str(model_dir),
+        manifest.get("handler"),
+        gpu_id,
+        spec.batch_size,
+        manifest.get("envelope") or None,
+        True,  # limit_max_image_pixels: config.properties' default
+        metrics_cache(spec.name),
+    )
+    service.set_cl_socket(None)  # predict copies it into the context: only a streamed answer writes to it
+    return service
+
+
+def predict(service, requests: list[Request]) -> list[Answer]:
+    """One batch through Service.predict, each request's answer as the frontend makes it of the reply."""
+    batch = [worker_request(r.request_id, r.headers, r.body, r.content_type) for r in requests]
+    return answers(read_predict_reply(bytes(service.predict(batch))), len(requests))
+
+
+def gpu_of_replica() -> int | None:
+    """0 where Ray gave this replica a GPU (it sees only its own, as device 0), None on the CPU (TorchServe's)."""
+    import torch
+
+    return 0 if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1") else None
+
+
+class MarReplica:
+    """The replica's class (app.py makes it a deployment): the archive loaded at construction, then batches of at
+    most spec.batch_size requests, each batch waiting at most max_batch_delay_ms to fill, one batch at a time."""
+
+    def __init__(self, spec: ModelSpec, folder: str):
+        self.spec = spec
+        self.model_dir = extract(spec.archive, Path(folder))
+        self.service = load_service(spec, self.model_dir, gpu_of_replica())
+        self.batch.set_max_batch_size(spec.batch_size)
+        self.batch.set_batch_wait_timeout_s(spec.max_batch_delay_ms / 1000)
+        self.batch_sizes: list[int] = []  # every batch's size, in order (the tests read it)
+
+    @serve.batch  # its size and wait set per model in __init__
+    async def batch(self, requests: list[Request]) -> list[Answer]:
+        self.batch_sizes.append(len(requests))
+        # in a thread: the replica's event loop keeps taking requests meanwhile, so the next batch fills
+        return await asyncio.to_thread(predict, self.service, requests)
+
+    def seen_batch_sizes(self) -> list[int]:
+        return list(self.batch_sizes)

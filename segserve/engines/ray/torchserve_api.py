@@ -1,0 +1,137 @@
+"""TorchServe 0.12's inference API as its Java frontend answers it, for the Ray engine's ingress: which route a path
+is, the key check, the error envelopes, the headers every answer carries, and a worker's reply turned into each
+request's answer. Pure functions: the ingress (app.py) and the tests call them without Ray.
+
+Read from pytorch/serve's frontend (frontend/server/src/main/java/org/pytorch/serve/): HttpRequestHandler (which
+exception is which status), NettyUtils.sendError/sendJsonResponse/sendHttpResponse (the envelope, pretty JSON and a
+newline; the no-cache headers and x-request-id), TokenAuthorizationHandler and TokenAuthorization (the key check
+before any route, `^Bearer\\s+(\\S+)$`, a failure is InvalidKeyException, a ModelException: 400),
+InferenceRequestHandler (routes, the url_path and explain headers), ModelManager.getModel and BatchAggregator/RestJob
+(per-request answers only when the batch's code is 200; else every request gets the batch's code and message as an
+InternalServerException, 413 sent as 507).
+"""
+
+import json
+import re
+import secrets
+from base64 import urlsafe_b64encode
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from segserve.engines.worker_protocol import PredictReply
+
+TOKEN_FAILED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
+NOT_FOUND = "Requested resource is not found, please refer to API document."
+BEARER = re.compile(r"^Bearer\s+(\S+)$")
+# NettyUtils.sendHttpResponse: on every answer, so that no browser caches one
+NO_CACHE = {
+    "Pragma": "no-cache",
+    "Cache-Control": "no-cache; no-store, must-revalidate, private",
+    "Expires": "Thu, 01 Jan 1970 00:00:00 UTC",
+}
+
+
+@dataclass
+class Answer:
+    """One HTTP answer: status, headers (besides NO_CACHE and x-request-id, which the ingress adds), body."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def error(status: int, kind: str, message: str) -> Answer:
+    """NettyUtils.sendError: ErrorResponse as GSON's pretty JSON (two spaces, no HTML escaping) and a newline."""
+    body = json.dumps({"code": status, "type": kind, "message": message}, indent=2, ensure_ascii=False) + "\n"
+    return Answer(status, {"content-type": "application/json"}, body.encode())
+
+
+def status_json(status: str, code: int = 200) -> Answer:
+    """NettyUtils.sendJsonResponse(StatusResponse): only its exposed field, `status`."""
+    return Answer(code, {"content-type": "application/json"}, (json.dumps({"status": status}, indent=2) + "\n").encode())
+
+
+def key_refused(authorization: str | None, key: str) -> Answer | None:
+    """TorchServe's answer when the Authorization header does not carry `key` (None: it does)."""
+    match = BEARER.match(authorization or "")
+    if match and secrets.compare_digest(match.group(1), key):
+        return None
+    return error(400, "InvalidKeyException", TOKEN_FAILED)
+
+
+@dataclass(frozen=True)
+class Route:
+    """What an inference path asks for: `ping`, `predictions` (model, version, url_path), or nothing (404)."""
+
+    kind: str
+    model: str = ""
+    version: str | None = None
+    url_path: str = ""
+
+
+def route(path: str) -> Route | None:
+    """The route of a path as InferenceRequestHandler splits it (Java's split drops trailing empty segments)."""
+    segments = path.split("/")
+    while segments and segments[-1] == "":
+        segments.pop()
+    if len(segments) >= 2 and segments[1] == "ping":
+        return Route("ping")
+    if len(segments) >= 3 and segments[1] == "predictions":
+        return Route("predictions", segments[2], segments[3] if len(segments) >= 4 else None, "/".join(segments[4:]))
+    return None
+
+
+def model_missing(name: str, version: str | None, versions: dict[str, str]) -> Answer | None:
+    """ModelManager.getModel's refusal, as HttpRequestHandler answers it (None: the model serves that version).
+    `versions`: each served model's version (its manifest's modelVersion)."""
+    if name not in versions:
+        return error(404, "ModelNotFoundException", f"Model not found: {name}")
+    if version is not None and version != versions[name]:
+        return error(404, "ModelVersionNotFoundException", f"Model version: {version} does not exist for model: {name}")
+    return None
+
+
+def queue_full(name: str, version: str | None) -> Answer:
+    """ApiUtils.addRESTInferenceJob when the model's job queue is full (Ray: max_queued_requests reached)."""
+    named = f'Model "{name}' + (f'" Version {version}' if version is not None else "")
+    message = (
+        f'{named}" has no worker to serve inference request. Please use scale workers API to add workers. '
+        "If this is a sequence inference, please check if it is closed, or expired; or exceeds maxSequenceJobQueueSize"
+    )
+    return error(503, "ServiceUnavailableException", message)
+
+
+def request_headers(headers: list[tuple[bytes, bytes]], url_path: str) -> list[tuple[bytes, bytes]]:
+    """The headers a handler sees: the request's, then the two handlePredictions adds (RequestInput keeps the last
+    of a name)."""
+    return [*headers, (b"url_path", url_path.encode()), (b"explain", b"False")]
+
+
+def answers(reply: PredictReply, count: int) -> list[Answer]:
+    """Each request's answer to a batch of `count`: its own status, content type and headers where the batch's code
+    is 200 (RestJob.responseInference: the content type first, then every header the handler set), else the
+    batch's code and message for all (RestJob.sendError)."""
+    if reply.code != 200:
+        status = 507 if reply.code == 413 else reply.code
+        return [error(status, "InternalServerException", reply.message)] * count
+    given = []
+    for row in reply.rows:
+        headers = {"content-type": row.content_type} if row.content_type else {}
+        headers |= {name.lower(): value for name, value in row.headers.items()}
+        given.append(Answer(row.status, headers, row.body))
+    return given
+
+
+def new_keys(expiry_min: int = 60) -> dict:
+    """A key file's content as TorchServe 0.12 writes key_file.json: a key each for management, inference and the
+    token API (six random bytes, URL-safe base64), the first two with an expiration time (Instant.toString)."""
+    expires = (datetime.now(UTC) + timedelta(minutes=expiry_min)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def key() -> str:
+        return urlsafe_b64encode(secrets.token_bytes(6)).decode()
+
+    return {
+        "management": {"key": key(), "expiration time": expires},
+        "inference": {"key": key(), "expiration time": expires},
+        "API": {"key": key()},
+    }
