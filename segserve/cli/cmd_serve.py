@@ -1,8 +1,10 @@
-"""`segserve serve`: TorchServe with catalog targets registered (and the autoscaler beside it); `--stop` ends it."""
+"""`segserve serve`: an engine (TorchServe, or Ray Serve with TorchServe's APIs) with catalog targets registered (and
+the autoscaler beside it); `--stop` ends the engine that serves from --run-dir."""
 
 from pathlib import Path
 
 from segserve.cli.common import server_from
+from segserve.engines.engine_interface import DEFAULT_ENGINE, ENGINES, record
 from segserve.errors import UsageError
 from segserve.serving.served_pipeline import DEFAULT_DAG, served_targets, start_pipeline
 
@@ -10,6 +12,13 @@ from segserve.serving.served_pipeline import DEFAULT_DAG, served_targets, start_
 def add_parser(sub, common) -> None:
     p = sub.add_parser("serve", parents=[common], help="start TorchServe and register catalog targets (default: seg_jpeg's family)")
     p.add_argument("--targets", help=f"comma-separated catalog targets (default: {DEFAULT_DAG}'s members, workflow and fused twin)")
+    p.add_argument("--no-targets", action="store_true", help="start with no model registered (register through the management API)")
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help=f"what serves the archives (default: {DEFAULT_ENGINE}; ray: Ray Serve with TorchServe's APIs, docs/ray.md); "
+        "--stop: the one started from --run-dir",
+    )
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
     p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (docs/workers-and-cores.md)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
@@ -23,12 +32,16 @@ def add_parser(sub, common) -> None:
 
 
 def run(args) -> int:
+    # starting: TorchServe unless --engine says otherwise; stopping: the engine recorded in --run-dir
+    args.engine = args.engine or (None if args.stop else DEFAULT_ENGINE)
     server = server_from(args)
     if args.stop:
         stopped = server.stop()
-        print(f"TorchServe stopped from {server.run_dir}: {stopped}" if stopped else f"no TorchServe running from {server.run_dir}")
+        print(f"{server.title} stopped from {server.run_dir}: {stopped}" if stopped else f"no {server.title} running from {server.run_dir}")
         return 0
-    targets = served_targets(args.targets)
+    if args.no_targets and args.targets:
+        raise UsageError("--no-targets starts with nothing registered: leave out --targets")
+    targets = [] if args.no_targets else served_targets(args.targets)
     if args.model_store.startswith("s3://"):  # archives from S3 into the run dir's model store, then as usual
         from segserve.archives.model_store_s3 import fetch
 
@@ -39,9 +52,13 @@ def run(args) -> int:
         raise UsageError(
             "--autoscale moves workers between a workflow's nodes, or a fused pipeline's workers × threads: serve one (--targets seg_jpeg)"
         )
+    for target in targets:
+        if refusal := server.refusal(target, autoscale=args.autoscale and target is scalable[0]):
+            raise UsageError(refusal)
+    record(server)
     start_pipeline(server, targets)
-    endpoints = ", ".join(t.endpoint for t in targets)
-    print(f"serving {endpoints} at {server.url('inference')}; stop with `segserve serve --stop`")
+    endpoints = ", ".join(t.endpoint for t in targets) or "no model yet"
+    print(f"serving {endpoints} at {server.url('inference')} (management {server.url('management')}); stop with `segserve serve --stop`")
     if args.autoscale:
         from segserve.autoscale.loop import start_beside
 

@@ -21,15 +21,18 @@ def server_options() -> argparse.ArgumentParser:
 
 
 def server_from(args):
-    from segserve.serving.server import TorchServe
+    """The server of these options: `--engine`'s where the command takes it (serve), else the one `segserve serve`
+    started from --run-dir (segserve/engines/engine_interface.py)."""
+    from segserve.engines.engine_interface import open_engine
 
     config = Path(args.config)
     if not config.exists():
         raise UsageError(f"--config {config}: no such file (run from the repository root or pass --config)")
-    return TorchServe(
+    return open_engine(
+        getattr(args, "engine", None),
         run_dir=Path(args.run_dir).resolve(),
         model_store=Path(args.model_store),
-        config_template=config,
+        config=config,
         port_base=getattr(args, "port_base", None),
         core_plan=Path(args.core_plan) if getattr(args, "core_plan", None) else None,
     )

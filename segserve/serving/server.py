@@ -120,6 +120,14 @@ class TorchServe(ManagementClient):
     log_file_max_bytes: int = 10 * 2**20
     log_files_kept: int = 3
 
+    # the engine interface's (segserve/engines/engine_interface.py): its name and how a sentence names it
+    engine = "torchserve"
+    title = "TorchServe"
+
+    def refusal(self, target, autoscale: bool = False) -> str | None:
+        """Why it cannot serve a catalog target (the engine interface's): TorchServe serves every kind."""
+        return None
+
     # Lifecycle ----------------------------------------------------------------
     @property
     def config_path(self) -> Path:

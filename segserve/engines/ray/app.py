@@ -1,13 +1,23 @@
-"""The Ray Serve application: one deployment per model (replica.MarReplica: its workers as fixed replicas, its job
-queue as max_queued_requests) behind one ingress that answers TorchServe's inference API on Serve's one HTTP port.
+"""The Ray Serve applications: each model an application of its own, one deployment (replica.MarReplica: its workers
+as fixed replicas, its job queue as max_queued_requests, no HTTP route), and one ingress application that answers
+TorchServe's inference API on Serve's one HTTP port and calls the models through DeploymentHandles.
 
 The ingress checks the inference key of TorchServe's key_file.json on every request, before any route, as
 TorchServe's TokenAuthorizationHandler does: the key is checked in the ingress deployment itself, so an ingress
-replica's own HTTP port (direct ingress, HAProxy mode) asks for it too. Then `GET /ping` and
-`POST /predictions/{model}[/{version}]` (torchserve_api.route); anything else is TorchServe's 404.
+replica's own HTTP port (direct ingress, HAProxy mode) asks for it too. The file is read again when it changes (the
+management API's /token renews a key). Then `GET /ping` and `POST /predictions/{model}[/{version}]`
+(torchserve_api.route); anything else is TorchServe's 404.
+
+Which models there are (and their versions) reaches the ingress as its user_config: registering, scaling and
+unregistering a model (registry.py) redeploy only that model's application and the ingress's user_config. Every
+deployment carries a fixed version, so that Serve updates a running one in place (num_replicas: replicas added or
+removed, the others untouched; user_config: reconfigure() on the running ingress) instead of replacing its replicas,
+which Serve does for a deployment without one (serve.run gives it a random version each time). Setting it takes
+Serve's internal flag of Deployment.options (Ray 2.60 removed `version` from the public options).
 """
 
 import json
+import os
 import uuid
 from pathlib import Path
 
@@ -25,12 +35,41 @@ BATCHES_IN_A_REPLICA = 2
 INGRESS_MAX_ONGOING = 4096  # the ingress only routes: what TorchServe's netty threads would hold open
 
 
+INGRESS_APP = "torchserve"
+VERSION = "segserve"  # the fixed version of every deployment (see above)
+
+
+def model_app_name(model: str) -> str:
+    """A model's Serve application (TorchServe's model names cannot hold ':', so no model's is the ingress's)."""
+    return f"model:{model}"
+
+
 class Ingress:
     """TorchServe's inference API in front of the models' deployments (handles, by model name)."""
 
-    def __init__(self, models: dict, versions: dict[str, str], key_file: str):
-        self.models, self.versions = models, versions
-        self.key = json.loads(Path(key_file).read_text())["inference"]["key"]
+    def __init__(self, key_file: str):
+        self.key_file = Path(key_file)
+        self.key_stamp, self.key, self.expires = None, "", None
+        self.versions: dict[str, str] = {}
+        self.handles: dict = {}
+
+    def reconfigure(self, config: dict) -> None:
+        """The served models and their versions (user_config: set again on the running replica, never restarted)."""
+        self.versions = dict(config["versions"])
+        self.handles = {name: handle for name, handle in self.handles.items() if name in self.versions}
+
+    def inference_key(self) -> tuple[str, str | None]:
+        """The key file's inference key and expiration, read again whenever the file changed."""
+        stat = os.stat(self.key_file)
+        if (stat.st_mtime_ns, stat.st_ino) != self.key_stamp:
+            entry = json.loads(self.key_file.read_text())["inference"]
+            self.key_stamp, self.key, self.expires = (stat.st_mtime_ns, stat.st_ino), entry["key"], entry.get("expiration time")
+        return self.key, self.expires
+
+    def handle(self, model: str):
+        if model not in self.handles:
+            self.handles[model] = serve.get_deployment_handle(model, app_name=model_app_name(model), _check_exists=False)
+        return self.handles[model]
 
     async def __call__(self, http: HttpRequest) -> Response:
         request_id = str(uuid.uuid4())
@@ -39,42 +78,49 @@ class Ingress:
         return Response(answer.body, status_code=answer.status, headers=headers)
 
     async def answer(self, http: HttpRequest, request_id: str) -> api.Answer:
-        if refused := api.key_refused(http.headers.get("authorization"), self.key):
+        if refused := api.key_refused(http.headers.get("authorization"), *self.inference_key()):
             return refused
         route = api.route(http.url.path)
         if route is None:
             return api.error(404, "ResourceNotFoundException", api.NOT_FOUND)
         if route.kind == "ping":
-            return api.status_json("Healthy")  # serve.run returned: every model's replicas are up
+            return api.status_json("Healthy")  # every registered model's replicas were up when it was registered
         if missing := api.model_missing(route.model, route.version, self.versions):
             return missing
         headers = api.request_headers(http.headers.raw, route.url_path)
         sent = Request(request_id, headers, await http.body(), http.headers.get("content-type", ""))
         try:
-            return await self.models[route.model].batch.remote(sent)
+            return await self.handle(route.model).batch.remote(sent)
         except BackPressureError:
             return api.queue_full(route.model, route.version)
 
     async def batch_sizes(self, model: str) -> list[int]:
         """Every batch size the model's replicas ran, in order per replica (the tests check batching with it)."""
-        return await self.models[model].seen_batch_sizes.remote()
+        return await self.handle(model).seen_batch_sizes.remote()
 
 
-def build_app(specs: list[ModelSpec], key_file: str, folder: str):
-    """The application: each model's deployment, bound into the ingress."""
-    models, versions = {}, {}
-    for spec in specs:
-        options = {
-            "name": spec.name,
-            "num_replicas": spec.workers,
-            "max_ongoing_requests": BATCHES_IN_A_REPLICA * spec.batch_size,
-            "max_queued_requests": spec.job_queue_size,
-            # logical CPUs only place replicas: TorchServe's workers reserve no cores either
-            "ray_actor_options": {"num_cpus": 0},
-        }
-        models[spec.name] = serve.deployment(MarReplica).options(**options).bind(spec, folder)
-        versions[spec.name] = spec.version()
+def model_app(spec: ModelSpec, folder: str):
+    """One model's application: its deployment, `spec.workers` fixed replicas."""
+    options = {
+        "name": spec.name,
+        "num_replicas": spec.workers,
+        "max_ongoing_requests": BATCHES_IN_A_REPLICA * spec.batch_size,
+        "max_queued_requests": spec.job_queue_size,
+        # logical CPUs only place replicas: TorchServe's workers reserve no cores either
+        "ray_actor_options": {"num_cpus": 0},
+    }
+    return serve.deployment(MarReplica).options(**options, version=VERSION, _internal=True).bind(spec, folder)
+
+
+def ingress_app(key_file: str, versions: dict[str, str]):
+    """The ingress application; `versions`: each served model's version (its manifest's modelVersion)."""
     ingress = serve.deployment(Ingress).options(
-        name="ingress", num_replicas=1, max_ongoing_requests=INGRESS_MAX_ONGOING, ray_actor_options={"num_cpus": 0}
+        name="ingress",
+        num_replicas=1,
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
+        ray_actor_options={"num_cpus": 0},
+        user_config={"versions": versions},
+        version=VERSION,
+        _internal=True,
     )
-    return ingress.bind(models, versions, key_file)
+    return ingress.bind(key_file)

@@ -1,7 +1,8 @@
 """One Ray engine: .mar files served by Ray Serve with TorchServe's inference API, started and stopped by process id.
 
 Its run folder holds what a TorchServe's holds for clients (key_file.json: `segserve token` and best/register.sh
-read it the same way) and the driver's log; Ray's own temp folder is a short one of its own under the system's (Ray
+read it the same way; config.properties with the inference and management addresses it serves) and the driver's
+log; Ray's own temp folder is a short one of its own under the system's (Ray
 puts unix sockets in it, whose paths must stay under 108 bytes), named in the run folder's `ray_temp_dir`.
 
 Every process is found by what is true: the driver leads a session of its own, and Ray's GCS, raylet, workers and
@@ -27,15 +28,30 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
+from segserve.engines.ray.management_api import WORKFLOWS_REFUSED, Defaults
 from segserve.engines.ray.torchserve_api import new_keys
+from segserve.engines.ray.write import write_private
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving import processes
 from segserve.serving.http import request
 from segserve.serving.management import ManagementClient
-from segserve.serving.ts_config import free_port
+from segserve.serving.ts_config import free_port, read_properties
+
+# config.properties keys of TorchServe's Java frontend (JVM, netty, gRPC): nothing of the Ray engine reads them
+TORCHSERVE_ONLY_KEYS = (
+    "vmargs",
+    "number_of_netty_threads",
+    "netty_client_threads",
+    "prefer_direct_buffer",
+    "enable_grpc",
+    "grpc_inference_port",
+    "grpc_management_port",
+    "initial_worker_port",
+)
 
 RAY_TEMP_ROOT = Path(tempfile.gettempdir())
 
@@ -63,12 +79,23 @@ def haproxy_env(temp_dir: Path) -> dict[str, str]:
 @dataclass
 class RayServe(ManagementClient):
     run_dir: Path
-    models: list  # replica.ModelSpec
-    port: int | None = None  # None: a free port
+    initial_models: list = field(default_factory=list)  # replica.ModelSpec: served from the start (`segserve serve`: none)
+    port: int | None = None  # the inference port; None: config_template's, else a free port
     haproxy: bool = False
     num_cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
-    model_store: Path | None = None
+    model_store: Path | None = None  # where POST /models?url= finds archives
     venv: Path | None = None
+    management_port: int | None = None  # None: config_template's, else a free port
+    config_template: Path | None = None  # config.properties: addresses, registration defaults, token expiration
+    port_base: int | None = None  # inference on N, management on N+1 (`segserve serve --port-base`)
+
+    engine = "ray"
+    title = "the Ray engine"
+
+    @property
+    def config_path(self) -> Path:
+        """The addresses it serves, in TorchServe's config.properties format (`url()` reads them, as TorchServe's)."""
+        return self.run_dir / "config.properties"
 
     @property
     def temp_dir_file(self) -> Path:
@@ -83,9 +110,26 @@ class RayServe(ManagementClient):
         return self.run_dir / "logs" / "ray_driver.log"
 
     def url(self, api: str) -> str:
-        if api != "inference":
-            raise UsageError(f"the Ray engine serves TorchServe's inference API only, not its {api} API (yet: docs/ray.md)")
-        return f"http://127.0.0.1:{self.port}"
+        if api not in ("inference", "management"):
+            raise UsageError(f"the Ray engine serves TorchServe's inference and management APIs, not its {api} API (yet: docs/ray.md)")
+        try:
+            return read_properties(self.config_path)[f"{api}_address"]
+        except (OSError, KeyError):
+            raise RuntimeFailure(f"no Ray engine's addresses in {self.config_path}: is it running?") from None
+
+    def refusal(self, target, autoscale: bool = False) -> str | None:
+        """Why this engine cannot serve a catalog target (autoscaled: `serve --autoscale`), None: it can."""
+        if target.is_workflow:
+            return f"{target.name}: {WORKFLOWS_REFUSED}"
+        if autoscale:
+            return "--autoscale reads TorchServe's metrics and logs: not yet on the Ray engine (docs/ray.md)"
+        return None
+
+    def register_workflow(self, archive: str, name: str, log=print) -> None:
+        raise UsageError(f"{archive}: {WORKFLOWS_REFUSED}")
+
+    def workflow_nodes(self) -> list[str]:
+        return []
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -93,23 +137,56 @@ class RayServe(ManagementClient):
         except OSError:
             return ""
 
-    def start(self, startup_timeout_s: float = 240) -> float:
-        """Start Ray and deploy the models; the seconds it took until /ping answered 200."""
+    def _settings(self) -> dict[str, str]:
+        return read_properties(self.config_template) if self.config_template else {}
+
+    def _addresses(self, settings: dict[str, str]) -> tuple[str, int, int]:
+        """(host, inference port, management port): --port-base N (N, N+1), else the config's, else free ones."""
+        inference, management = (urlsplit(settings.get(f"{api}_address", "")) for api in ("inference", "management"))
+        host = inference.hostname or "127.0.0.1"
+        if self.port_base:
+            return host, self.port or self.port_base, self.management_port or self.port_base + 1
+        return host, self.port or inference.port or free_port(), self.management_port or management.port or free_port()
+
+    def start(self, startup_timeout_s: float = 240, log=print) -> float:
+        """Start Ray, the management API and the models; the seconds it took until /ping answered 200."""
         if self.engine_processes():
-            raise RuntimeFailure(f"a Ray engine of {self.run_dir} is running: stop it first")
+            raise RuntimeFailure(f"a Ray engine runs from {self.run_dir}: stop it first (`segserve serve --stop --run-dir {self.run_dir}`)")
         began = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
+        settings = self._settings()
+        if ignored := [key for key in TORCHSERVE_ONLY_KEYS if key in settings]:
+            log(f"{self.config_template}: {', '.join(ignored)}: TorchServe's own (its JVM, netty, gRPC), not used by the Ray engine")
+        host, self.port, self.management_port = self._addresses(settings)
+        for port in (self.port, self.management_port):
+            if holder := processes.port_holder(host, port):
+                raise RuntimeFailure(f"port {port} of the Ray engine is taken by {holder}: stop it, or choose others with --port-base N")
+        self.config_path.write_text(
+            "# The Ray engine's addresses (segserve/engines/ray/): TorchServe's keys, for its clients\n"
+            f"inference_address=http://{host}:{self.port}\nmanagement_address=http://{host}:{self.management_port}\n"
+        )
         temp_dir = Path(tempfile.mkdtemp(prefix="segray-", dir=RAY_TEMP_ROOT))
         self.temp_dir_file.write_text(str(temp_dir))
-        self._write_private(self.key_file, json.dumps(new_keys(), indent=2))
-        self._write_private(self.run_dir / "ray_auth_token", secrets.token_hex(32))
+        expiry_min = float(settings.get("token_expiration_min", 60))
+        write_private(self.key_file, json.dumps(new_keys(expiry_min), indent=2))
+        write_private(self.run_dir / "ray_auth_token", secrets.token_hex(32))
         ready = self.run_dir / "ray_ready.json"
         ready.unlink(missing_ok=True)
+        defaults = Defaults(
+            workers=int(settings.get("default_workers_per_model", 1)),
+            response_timeout_s=int(settings.get("default_response_timeout", 120)),
+            startup_timeout_s=int(settings.get("default_startup_timeout", 120)),
+            job_queue_size=int(settings.get("job_queue_size", 100)),
+        )
         plan = {
-            "models": [asdict(m) for m in self.models],
+            "models": [asdict(m) for m in self.initial_models],
+            "host": host,
             "port": self.port,
+            "management_port": self.management_port,
             "key_file": str(self.key_file),
+            "expiry_min": expiry_min,
+            "model_store": str(Path(self.model_store).resolve()) if self.model_store else None,
+            "defaults": asdict(defaults),
             "folder": str(temp_dir),
             "temp_dir": str(temp_dir),
             "ready": str(ready),
@@ -117,15 +194,16 @@ class RayServe(ManagementClient):
         }
         (self.run_dir / "ray_plan.json").write_text(json.dumps(plan, indent=2))
         self.driver_log.parent.mkdir(exist_ok=True)
-        with open(self.driver_log, "ab") as log:
+        with open(self.driver_log, "ab") as out:
             command = [sys.executable, "-m", "segserve.engines.ray.driver", str(self.run_dir / "ray_plan.json")]
-            driver = subprocess.Popen(command, env=self._environment(temp_dir), stdout=log, stderr=log, start_new_session=True)
+            driver = subprocess.Popen(command, env=self._environment(temp_dir), stdout=out, stderr=out, start_new_session=True)
         self.driver_pid_file.write_text(str(driver.pid))
         try:
             self._wait_until_up(driver, ready, startup_timeout_s)
         except BaseException:
             self.stop()
             raise
+        log(f"the Ray engine is up: inference {self.url('inference')}, management {self.url('management')}")
         return time.monotonic() - began
 
     def _environment(self, temp_dir: Path) -> dict[str, str]:
@@ -140,13 +218,6 @@ class RayServe(ManagementClient):
         env.pop("RAY_AUTH_TOKEN", None)  # one of the caller's would win over the path
         env.pop("RAY_ADDRESS", None)  # a new local Ray, never a cluster the caller's environment names
         return env | (haproxy_env(temp_dir) if self.haproxy else {})
-
-    @staticmethod
-    def _write_private(path: Path, text: str) -> None:
-        path.unlink(missing_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(text)
 
     def _wait_until_up(self, driver: subprocess.Popen, ready: Path, startup_timeout_s: float) -> None:
         deadline = time.monotonic() + startup_timeout_s

@@ -23,26 +23,9 @@ from pathlib import Path
 
 from ray import serve
 
+from segserve.engines.ray.model_spec import ModelSpec
 from segserve.engines.ray.torchserve_api import Answer, answers
 from segserve.engines.worker_protocol import metrics_cache, read_predict_reply, worker_request
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A model as TorchServe registers it: its name and archive, and the registration's batching, workers and job
-    queue (TorchServe's defaults: batch 1, 100 ms, 1 worker, a queue of 100)."""
-
-    name: str
-    archive: str  # a .mar's path
-    batch_size: int = 1
-    max_batch_delay_ms: int = 100
-    workers: int = 1
-    job_queue_size: int = 100
-
-    def version(self) -> str:
-        """The manifest's modelVersion, as TorchServe serves it (1.0 where the archiver was given none)."""
-        with zipfile.ZipFile(self.archive) as mar:
-            return str(json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"].get("modelVersion") or "1.0")
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,19 @@ def status_json(status: str, code: int = 200) -> Answer:
     return Answer(code, {"content-type": "application/json"}, (json.dumps({"status": status}, indent=2) + "\n").encode())
 
 
-def key_refused(authorization: str | None, key: str) -> Answer | None:
-    """TorchServe's answer when the Authorization header does not carry `key` (None: it does)."""
+def key_refused(authorization: str | None, key: str, expires: str | None = None) -> Answer | None:
+    """TorchServe's answer when the Authorization header does not carry `key`, or carries it after `expires` (the
+    key file's "expiration time"; None: never, as the token API's key); None: it does."""
     match = BEARER.match(authorization or "")
-    if match and secrets.compare_digest(match.group(1), key):
+    if match and secrets.compare_digest(match.group(1), key) and (expires is None or datetime.now(UTC) < expiry(expires)):
         return None
     return error(400, "InvalidKeyException", TOKEN_FAILED)
+
+
+def expiry(text: str) -> datetime:
+    """A key file's "expiration time" (Instant.toString: 2026-12-05T16:22:27.013Z, 0 to 9 digits of fraction)."""
+    day_time, _, fraction = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(day_time).replace(tzinfo=UTC) + timedelta(seconds=float(f"0.{fraction or 0}"))
 
 
 @dataclass(frozen=True)
@@ -122,16 +129,25 @@ def answers(reply: PredictReply, count: int) -> list[Answer]:
     return given
 
 
-def new_keys(expiry_min: int = 60) -> dict:
+def _key() -> str:
+    return urlsafe_b64encode(secrets.token_bytes(6)).decode()
+
+
+def _expires(expiry_min: float) -> str:
+    return (datetime.now(UTC) + timedelta(minutes=expiry_min)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def new_keys(expiry_min: float = 60) -> dict:
     """A key file's content as TorchServe 0.12 writes key_file.json: a key each for management, inference and the
-    token API (six random bytes, URL-safe base64), the first two with an expiration time (Instant.toString)."""
-    expires = (datetime.now(UTC) + timedelta(minutes=expiry_min)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-    def key() -> str:
-        return urlsafe_b64encode(secrets.token_bytes(6)).decode()
-
+    token API (six random bytes, URL-safe base64), the first two with an expiration time (Instant.toString);
+    `expiry_min`: config.properties' token_expiration_min (TorchServe's default 60)."""
     return {
-        "management": {"key": key(), "expiration time": expires},
-        "inference": {"key": key(), "expiration time": expires},
-        "API": {"key": key()},
+        "management": {"key": _key(), "expiration time": _expires(expiry_min)},
+        "inference": {"key": _key(), "expiration time": _expires(expiry_min)},
+        "API": {"key": _key()},
     }
+
+
+def renewed_keys(keys: dict, api: str, expiry_min: float = 60) -> dict:
+    """The key file after TorchServe's /token?type=<api>: that API's key and expiration new, the others kept."""
+    return {**keys, api: {"key": _key(), "expiration time": _expires(expiry_min)}}

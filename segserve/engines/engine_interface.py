@@ -1,0 +1,95 @@
+"""The one engine interface: what `segserve serve`, `scale`, `token` and `predict` ask of a server, whichever engine
+runs it. TorchServe (segserve/serving/server.py) and Ray Serve (segserve/engines/ray/engine.py) are its two
+implementations; which one a command gets is decided here, and only here: by `--engine` where a command takes it
+(serve), else by the run folder's `engine` file that `segserve serve` writes (a run folder without one is
+TorchServe's, as every run folder before the Ray engine was).
+
+Both speak TorchServe's management API over HTTP (ManagementClient: register, scale, describe, unregister, through
+the management address and key), so the interface is small: start and stop, the addresses and keys, the archives'
+registration, and which catalog targets an engine cannot serve yet.
+"""
+
+from pathlib import Path
+from typing import Protocol
+
+from segserve.errors import UsageError
+from segserve.serving.http import Response
+
+ENGINES = ("torchserve", "ray")
+DEFAULT_ENGINE = "torchserve"
+ENGINE_FILE = "engine"  # in the run folder: the engine that `segserve serve` started there
+
+
+class Engine(Protocol):
+    engine: str  # its name in ENGINES
+    title: str  # as a sentence names it: "TorchServe", "the Ray engine"
+    run_dir: Path
+    model_store: Path | None
+
+    def start(self, startup_timeout_s: float = ..., log=print): ...
+
+    def stop(self) -> str: ...  # what it stopped, by process id; "" when nothing ran
+
+    def url(self, api: str) -> str: ...  # "inference" or "management": http://host:port
+
+    def token(self, api: str) -> str: ...  # the key of TorchServe's key_file.json for that API
+
+    @property
+    def key_file(self) -> Path: ...
+
+    def register_model(self, archive: str, name: str, workers: int = 1, *, log=print, **registration) -> None: ...
+
+    def register_workflow(self, archive: str, name: str, log=print) -> None: ...
+
+    def scale(self, model: str, workers: int) -> Response: ...
+
+    def describe(self, model: str) -> dict: ...
+
+    def unregister(self, kind: str, name: str) -> None: ...
+
+    def models(self) -> list[str]: ...
+
+    def wait_ready(self, model: str, timeout_s: float = ...) -> None: ...
+
+    def refusal(self, target, autoscale: bool = False) -> str | None: ...  # why it cannot serve a target (autoscaled) yet
+
+    def process_ids(self) -> list[int]: ...
+
+
+def recorded(run_dir: Path) -> str:
+    """The engine `segserve serve` started from run_dir (TorchServe where none is recorded)."""
+    try:
+        name = (Path(run_dir) / ENGINE_FILE).read_text().strip()
+    except OSError:
+        return DEFAULT_ENGINE
+    return name if name in ENGINES else DEFAULT_ENGINE
+
+
+def record(engine: Engine) -> None:
+    """Write which engine serves from its run folder (before it starts: `serve --stop` finds a half-started one)."""
+    engine.run_dir.mkdir(parents=True, exist_ok=True)
+    (engine.run_dir / ENGINE_FILE).write_text(engine.engine + "\n")
+
+
+def open_engine(
+    name: str | None,
+    run_dir: Path,
+    model_store: Path,
+    config: Path,
+    port_base: int | None = None,
+    core_plan: Path | None = None,
+) -> Engine:
+    """The engine `name` (None: the one recorded in run_dir) for these server options; TorchServe-only options
+    refused by name on another engine."""
+    name = name or recorded(run_dir)
+    if name == "torchserve":
+        from segserve.serving.server import TorchServe
+
+        return TorchServe(run_dir=run_dir, model_store=model_store, config_template=config, port_base=port_base, core_plan=core_plan)
+    if name == "ray":
+        if core_plan is not None:
+            raise UsageError("--core-plan pins TorchServe's frontend and workers: not on the Ray engine (docs/ray.md)")
+        from segserve.engines.ray.engine import RayServe
+
+        return RayServe(run_dir=run_dir, model_store=model_store, config_template=config, port_base=port_base)
+    raise UsageError(f"unknown engine {name!r}: one of {', '.join(ENGINES)}")

@@ -1,0 +1,31 @@
+"""A model as the Ray engine serves it (a registration's values), without Ray: the engine's client side and the
+management API read it without importing Ray (replica.py runs it)."""
+
+import json
+import zipfile
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model as TorchServe registers it: its name and archive, and the registration's batching, workers and job
+    queue (TorchServe's defaults: batch 1, 100 ms, 1 worker, a queue of 100)."""
+
+    name: str
+    archive: str  # a .mar's path
+    batch_size: int = 1
+    max_batch_delay_ms: int = 100
+    workers: int = 1
+    job_queue_size: int = 100
+
+    def version(self) -> str:
+        """The manifest's modelVersion, as TorchServe serves it (1.0 where the archiver was given none)."""
+        return str(self._manifest().get("modelVersion") or "1.0")
+
+    def manifest_name(self) -> str:
+        """The manifest's modelName: the name TorchServe registers the archive under where none is given."""
+        return str(self._manifest()["modelName"])
+
+    def _manifest(self) -> dict:
+        with zipfile.ZipFile(self.archive) as mar:
+            return json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
