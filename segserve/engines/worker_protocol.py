@@ -60,13 +60,16 @@ def worker_row(body: bytes, content_type: str) -> tuple[dict, dict]:
 def worker_request(request_id: str, headers: list[tuple[bytes, bytes]], body: bytes, content_type: str) -> dict:
     """One request of the batch Service.predict takes, as the worker reads it from the frontend's message
     (_retrieve_request): its id and header names and values as bytes, its parameters decoded."""
+    return parameters_request(request_id, headers, frontend_parameters(body, content_type))
+
+
+def parameters_request(request_id: str, headers: list[tuple[bytes, bytes]], parameters) -> dict:
+    """worker_request of parameters the frontend already has, (name, content type, bytes) each: what a workflow's
+    DagExecutor sends a node below the start (its parents' answers, each without a content type: "")."""
     return {
         "requestId": request_id.encode(),
         "headers": [{"name": bytearray(name), "value": bytearray(value)} for name, value in headers],
-        "parameters": [
-            {"name": name, "contentType": kind, "value": worker_value(value, kind)}
-            for name, kind, value in frontend_parameters(body, content_type)
-        ],
+        "parameters": [{"name": name, "contentType": kind, "value": worker_value(value, kind)} for name, kind, value in parameters],
     }
 
 

@@ -127,10 +127,10 @@ def test_registration_reads_torchserves_parameters_and_refuses_what_the_ray_engi
     assert post("/models?url=echo.mar&model_name=other&batch_size=x").status == 200  # not an integer: the default
     spec = models.models["other"].spec
     assert (spec.batch_size, spec.max_batch_delay_ms, spec.workers, spec.archive) == (1, 100, 3, str(store / "echo.mar"))
-    refused = json.loads(post("/models?url=seg_jpeg.war").body)
-    assert refused["code"] == 400 and refused["message"] == "workflows (.war) are not yet on the Ray engine (docs/ray.md)"
+    refused = json.loads(post("/models?url=seg_jpeg.war").body)  # a .war is registered at /workflows
+    assert refused["code"] == 400
+    assert refused["message"] == "seg_jpeg.war is a workflow archive: register it with POST /workflows?url=seg_jpeg.war"
     key = f"Bearer {keys['management']['key']}"
-    assert api.answer(api.parse("GET", "/workflows"), key, keys, models, store, api.Defaults()).status == 400
     nowhere = api.answer(api.parse("POST", "/models?url=echo.mar"), key, keys, models, None, api.Defaults())
     assert json.loads(nowhere.body)["message"] == "Model store has not been configured."
 
@@ -158,11 +158,11 @@ def test_the_engine_is_chosen_by_its_name_else_by_the_run_folder_and_torchserve_
         engines.open_engine("ray", **options, core_plan=tmp_path / "plan.yaml")
 
 
-def test_the_ray_engine_refuses_a_workflow_target_and_autoscaling_by_name(tmp_path):
+def test_the_ray_engine_serves_a_workflow_target_and_refuses_autoscaling_by_name(tmp_path):
     ray = RayServe(tmp_path)
     workflow, fused = SimpleNamespace(name="seg_jpeg", is_workflow=True), SimpleNamespace(name="seg_jpeg_fused", is_workflow=False)
-    assert ray.refusal(workflow) == "seg_jpeg: workflows (.war) are not yet on the Ray engine (docs/ray.md)"
-    assert ray.refusal(fused) is None and "not yet on the Ray engine" in ray.refusal(fused, autoscale=True)
+    assert ray.refusal(workflow) is None and ray.refusal(fused) is None
+    assert "not yet on the Ray engine" in ray.refusal(fused, autoscale=True)
     assert TorchServe(tmp_path, tmp_path, ROOT / "config.properties").refusal(workflow, autoscale=True) is None
 
 

@@ -6,10 +6,12 @@ The ingress checks the inference key of TorchServe's key_file.json on every requ
 TorchServe's TokenAuthorizationHandler does: the key is checked in the ingress deployment itself, so an ingress
 replica's own HTTP port (direct ingress, HAProxy mode) asks for it too. The file is read again when it changes (the
 management API's /token renews a key). Then `GET /ping` and `POST /predictions/{model}[/{version}]`
-(torchserve_api.route); anything else is TorchServe's 404.
+(torchserve_api.route), and `POST /wfpredict/{workflow}`: a registered .war's DAG composed here, each node's
+deployment called through its handle (workflow.answer); anything else is TorchServe's 404.
 
-Which models there are (and their versions) reaches the ingress as its user_config: registering, scaling and
-unregistering a model (registry.py) redeploy only that model's application and the ingress's user_config. Every
+Which models there are (and their versions) and which workflows (their DAGs) reach the ingress as its user_config:
+registering, scaling and unregistering a model (registry.py) redeploy only that model's application and the
+ingress's user_config. Every
 deployment carries a fixed version, so that Serve updates a running one in place (num_replicas: replicas added or
 removed, the others untouched; user_config: reconfigure() on the running ingress) instead of replacing its replicas,
 which Serve does for a deployment without one (serve.run gives it a random version each time). Setting it takes
@@ -27,6 +29,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from segserve.engines.ray import torchserve_api as api
+from segserve.engines.ray import workflow
 from segserve.engines.ray.replica import MarReplica, ModelSpec, Request
 
 # Ray's default is 5 requests in a replica at once: a batch could never fill past it. TorchServe hands a worker a
@@ -51,11 +54,14 @@ class Ingress:
         self.key_file = Path(key_file)
         self.key_stamp, self.key, self.expires = None, "", None
         self.versions: dict[str, str] = {}
+        self.workflows: dict[str, workflow.WorkflowPlan] = {}
         self.handles: dict = {}
 
     def reconfigure(self, config: dict) -> None:
-        """The served models and their versions (user_config: set again on the running replica, never restarted)."""
+        """The served models and their versions, the workflows and their DAGs (user_config: set again on the running
+        replica, never restarted)."""
         self.versions = dict(config["versions"])
+        self.workflows = {name: workflow.WorkflowPlan.from_config(plan) for name, plan in config.get("workflows", {}).items()}
         self.handles = {name: handle for name, handle in self.handles.items() if name in self.versions}
 
     def inference_key(self) -> tuple[str, str | None]:
@@ -85,6 +91,8 @@ class Ingress:
             return api.error(404, "ResourceNotFoundException", api.NOT_FOUND)
         if route.kind == "ping":
             return api.status_json("Healthy")  # every registered model's replicas were up when it was registered
+        if route.kind == "wfpredict":
+            return await self.workflow_answer(http, request_id, route.model)
         if missing := api.model_missing(route.model, route.version, self.versions):
             return missing
         headers = api.request_headers(http.headers.raw, route.url_path)
@@ -93,6 +101,16 @@ class Ingress:
             return await self.handle(route.model).batch.remote(sent)
         except BackPressureError:
             return api.queue_full(route.model, route.version)
+
+    async def workflow_answer(self, http: HttpRequest, request_id: str, name: str) -> api.Answer:
+        """/wfpredict/{name}: its DAG with the request's own headers (no url_path, explain: TorchServe adds none)."""
+        if name not in self.workflows:
+            return api.error(404, "WorkflowNotFoundException", f"Workflow not found: {name}")
+        sent = Request(request_id, list(http.headers.raw), await http.body(), http.headers.get("content-type", ""))
+        return await workflow.answer(self.workflows[name], sent, self.call_node)
+
+    async def call_node(self, model: str, sent: Request) -> api.Answer:
+        return await self.handle(model).batch.remote(sent)
 
     async def batch_sizes(self, model: str) -> list[int]:
         """Every batch size the model's replicas ran, in order per replica (the tests check batching with it)."""
@@ -112,14 +130,15 @@ def model_app(spec: ModelSpec, folder: str):
     return serve.deployment(MarReplica).options(**options, version=VERSION, _internal=True).bind(spec, folder)
 
 
-def ingress_app(key_file: str, versions: dict[str, str]):
-    """The ingress application; `versions`: each served model's version (its manifest's modelVersion)."""
+def ingress_app(key_file: str, versions: dict[str, str], workflows: dict[str, dict] | None = None):
+    """The ingress application; `versions`: each served model's version (its manifest's modelVersion); `workflows`:
+    each registered workflow's plan (workflow.WorkflowPlan.to_config)."""
     ingress = serve.deployment(Ingress).options(
         name="ingress",
         num_replicas=1,
         max_ongoing_requests=INGRESS_MAX_ONGOING,
         ray_actor_options={"num_cpus": 0},
-        user_config={"versions": versions},
+        user_config={"versions": versions, "workflows": workflows or {}},
         version=VERSION,
         _internal=True,
     )

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from segserve.engines.ray.management_api import WORKFLOWS_REFUSED, Defaults
+from segserve.engines.ray.management_api import Defaults
 from segserve.engines.ray.torchserve_api import new_keys
 from segserve.engines.ray.write import write_private
 from segserve.errors import RuntimeFailure, UsageError
@@ -119,17 +119,9 @@ class RayServe(ManagementClient):
 
     def refusal(self, target, autoscale: bool = False) -> str | None:
         """Why this engine cannot serve a catalog target (autoscaled: `serve --autoscale`), None: it can."""
-        if target.is_workflow:
-            return f"{target.name}: {WORKFLOWS_REFUSED}"
         if autoscale:
             return "--autoscale reads TorchServe's metrics and logs: not yet on the Ray engine (docs/ray.md)"
         return None
-
-    def register_workflow(self, archive: str, name: str, log=print) -> None:
-        raise UsageError(f"{archive}: {WORKFLOWS_REFUSED}")
-
-    def workflow_nodes(self) -> list[str]:
-        return []
 
     def log_tail(self, lines: int = 40) -> str:
         try:

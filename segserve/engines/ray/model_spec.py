@@ -17,10 +17,14 @@ class ModelSpec:
     max_batch_delay_ms: int = 100
     workers: int = 1
     job_queue_size: int = 100
+    # a workflow's function node: `<function file>:<function>`, with `archive` its .war (no manifest: TorchServe
+    # registers it as a model of that handler in the .war's folder, WorkFlow.java)
+    handler: str | None = None
 
     def version(self) -> str:
-        """The manifest's modelVersion, as TorchServe serves it (1.0 where the archiver was given none)."""
-        return str(self._manifest().get("modelVersion") or "1.0")
+        """The manifest's modelVersion, as TorchServe serves it (1.0 where the archiver was given none, and for a
+        function node, which has no manifest)."""
+        return "1.0" if self.handler else str(self._manifest().get("modelVersion") or "1.0")
 
     def manifest_name(self) -> str:
         """The manifest's modelName: the name TorchServe registers the archive under where none is given."""
@@ -29,3 +33,14 @@ class ModelSpec:
     def _manifest(self) -> dict:
         with zipfile.ZipFile(self.archive) as mar:
             return json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A model registered: its spec (the archive's path in the model store), the url it was registered with, its
+    manifest's version and its response timeout (s)."""
+
+    spec: ModelSpec
+    url: str
+    version: str
+    response_timeout_s: int

@@ -5,7 +5,9 @@ Each model is a Serve application of its own (app.model_app) and the ingress lea
 (app.ingress_app): registering deploys the model's application, waits until its replicas run, then tells the
 ingress; unregistering tells the ingress first, then deletes the application; scaling redeploys the model's
 application with another num_replicas, which Serve applies in place (the running replicas keep serving, the ones
-added take requests once they run, the ones removed finish what they hold first: graceful shutdown).
+added take requests once they run, the ones removed finish what they hold first: graceful shutdown). A workflow's
+nodes are models `<workflow>__<node>` as on TorchServe (listed, described and scaled as any model); the ingress
+learns the workflow (its DAG) once every node's replicas run, and forgets it before its nodes go.
 """
 
 import json
@@ -19,6 +21,7 @@ from ray import serve
 from segserve.engines.ray.app import INGRESS_APP, ingress_app, model_app, model_app_name
 from segserve.engines.ray.management_api import Registered, Worker
 from segserve.engines.ray.torchserve_api import renewed_keys
+from segserve.engines.ray.workflow_management import RegisteredWorkflow
 from segserve.engines.ray.write import write_private
 
 SCALE_TIMEOUT_S = 300  # replicas that load a large model take long; TorchServe's default_startup_timeout is 120 s
@@ -28,6 +31,7 @@ class Registry:
     def __init__(self, key_file: Path, folder: str, expiry_min: float):
         self.key_file, self.folder, self.expiry_min = key_file, folder, expiry_min
         self.models: dict[str, Registered] = {}
+        self.workflow_set: dict[str, RegisteredWorkflow] = {}
         self.lock = threading.RLock()
 
     def start(self) -> None:
@@ -38,16 +42,52 @@ class Registry:
         return dict(self.models)
 
     def register(self, model: Registered) -> None:
-        name = model.spec.name
         with self.lock:
-            try:
-                serve.run(model_app(model.spec, self.folder), name=model_app_name(name), route_prefix=None)
-                self._wait(name, model.spec.workers)
-            except Exception as failed:  # Serve's own (DEPLOY_FAILED, a replica's constructor's exception)
-                serve.delete(model_app_name(name))
-                raise RuntimeError(" ".join(str(failed).split())[:500]) from None
-            self.models[name] = model
+            self._deploy_model(model)
             self._deploy_ingress()
+
+    def _deploy_model(self, model: Registered) -> None:
+        name = model.spec.name
+        try:
+            serve.run(model_app(model.spec, self.folder), name=model_app_name(name), route_prefix=None)
+            self._wait(name, model.spec.workers)
+        except Exception as failed:  # Serve's own (DEPLOY_FAILED, a replica's constructor's exception)
+            serve.delete(model_app_name(name))
+            raise RuntimeError(" ".join(str(failed).split())[:500]) from None
+        self.models[name] = model
+
+    def workflows(self) -> dict[str, RegisteredWorkflow]:
+        return dict(self.workflow_set)
+
+    def register_workflow(self, workflow: RegisteredWorkflow, nodes: list[Registered]) -> list[str]:
+        """Each node's model deployed, one after another (TorchServe: four at a time), then the workflow; a node that
+        fails takes the others back out (WorkflowManager's rollback). Why each failed; none: registered."""
+        with self.lock:
+            failures, done = [], []
+            for node in nodes:
+                try:
+                    self._deploy_model(node)
+                    done.append(node.spec.name)
+                except RuntimeError as failed:
+                    failures.append(f"Failed to start workers for model {node.spec.name} version: {node.version}: {failed}")
+            if failures:
+                for name in done:
+                    del self.models[name]
+                    serve.delete(model_app_name(name))
+                return failures
+            self.workflow_set[workflow.name] = workflow
+            self._deploy_ingress()
+            return []
+
+    def unregister_workflow(self, name: str) -> None:
+        with self.lock:
+            workflow = self.workflow_set.pop(name)
+            nodes = [model for model in workflow.models if model in self.models]
+            for model in nodes:
+                del self.models[model]
+            self._deploy_ingress()  # no new request reaches the workflow or its nodes, then they go
+            for model in nodes:
+                serve.delete(model_app_name(model))
 
     def scale(self, name: str, workers: int, wait: bool) -> None:
         with self.lock:
@@ -80,7 +120,8 @@ class Registry:
 
     def _deploy_ingress(self) -> None:
         versions = {name: model.version for name, model in self.models.items()}
-        serve.run(ingress_app(str(self.key_file), versions), name=INGRESS_APP, route_prefix="/")
+        plans = {name: workflow.plan.to_config() for name, workflow in self.workflow_set.items()}
+        serve.run(ingress_app(str(self.key_file), versions, plans), name=INGRESS_APP, route_prefix="/")
 
     def _replicas(self, name: str) -> list[dict]:
         # Serve's controller's own account (what `serve status` and the dashboard's REST API read); the handle has none

@@ -8,6 +8,9 @@ CPU, the batch size, limit_max_image_pixels, and a metrics cache from TorchServe
 Service.predict as the worker reads it from the frontend (worker_protocol.worker_request), and its reply is read
 back as the frontend reads it (worker_protocol.read_predict_reply, torchserve_api.answers).
 
+A workflow's function node is loaded the same way, as TorchServe registers it: its .war extracted as the folder (no
+manifest), `<function file>:<function>` as the handler (ts.model_loader finds the function), batch size 1.
+
 Service.predict hands the context the worker's socket (context.cl_socket) only for streamed answers
 (send_intermediate_predict_response): here there is none, so a handler that streams fails its batch.
 """
@@ -25,7 +28,7 @@ from ray import serve
 
 from segserve.engines.ray.model_spec import ModelSpec
 from segserve.engines.ray.torchserve_api import Answer, answers
-from segserve.engines.worker_protocol import metrics_cache, read_predict_reply, worker_request
+from segserve.engines.worker_protocol import metrics_cache, parameters_request, read_predict_reply, worker_request
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,13 @@ class Request:
     headers: list[tuple[bytes, bytes]]  # as the handler sees them (torchserve_api.request_headers)
     body: bytes
     content_type: str
+    # a workflow node below the start: its parents' answers, (name, content type, bytes) each, instead of the body
+    parameters: tuple | None = None
+
+    def worker_request(self) -> dict:
+        if self.parameters is not None:
+            return parameters_request(self.request_id, self.headers, self.parameters)
+        return worker_request(self.request_id, self.headers, self.body, self.content_type)
 
 
 def extract(archive: str, parent: Path) -> Path:
@@ -50,14 +60,15 @@ def load_service(spec: ModelSpec, model_dir: Path, gpu_id: int | None):
     """ts.model_loader's load of the archive extracted in `model_dir`, from there, as the worker loads it."""
     from ts.model_loader import ModelLoaderFactory
 
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())["model"]
+    manifest_file = model_dir / "MAR-INF" / "MANIFEST.json"  # a function node's .war has none
+    manifest = json.loads(manifest_file.read_text())["model"] if manifest_file.is_file() else {}
     sys.path.insert(0, str(model_dir))
     os.chdir(model_dir)
     loader = ModelLoaderFactory.get_model_loader()
     service = loader.load(
         spec.name,
         str(model_dir),
-        manifest.get("handler"),
+        spec.handler or manifest.get("handler"),
         gpu_id,
         spec.batch_size,
         manifest.get("envelope") or None,
@@ -70,7 +81,7 @@ def load_service(spec: ModelSpec, model_dir: Path, gpu_id: int | None):
 
 def predict(service, requests: list[Request]) -> list[Answer]:
     """One batch through Service.predict, each request's answer as the frontend makes it of the reply."""
-    batch = [worker_request(r.request_id, r.headers, r.body, r.content_type) for r in requests]
+    batch = [r.worker_request() for r in requests]
     return answers(read_predict_reply(bytes(service.predict(batch))), len(requests))
 
 

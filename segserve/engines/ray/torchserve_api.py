@@ -15,13 +15,16 @@ import json
 import re
 import secrets
 from base64 import urlsafe_b64encode
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from segserve.engines.worker_protocol import PredictReply
 
 TOKEN_FAILED = "Token Authorization failed. Token either incorrect, expired, or not provided correctly"
 NOT_FOUND = "Requested resource is not found, please refer to API document."
+NOT_ALLOWED = "Requested method is not allowed, please refer to API document."
+# ArchiveUtils' VALID_URL_PATTERN's schemes: a registration url the frontend would download
+URL_SCHEME = re.compile(r"^(?:https?|ftp|file|s3)://", re.IGNORECASE)
 BEARER = re.compile(r"^Bearer\s+(\S+)$")
 # NettyUtils.sendHttpResponse: on every answer, so that no browser caches one
 NO_CACHE = {
@@ -38,12 +41,19 @@ class Answer:
     status: int
     headers: dict[str, str]
     body: bytes
+    # the worker failed the request's batch (not a status its handler set): a workflow sends the request again
+    failed: bool = False
 
 
 def error(status: int, kind: str, message: str) -> Answer:
     """NettyUtils.sendError: ErrorResponse as GSON's pretty JSON (two spaces, no HTML escaping) and a newline."""
     body = json.dumps({"code": status, "type": kind, "message": message}, indent=2, ensure_ascii=False) + "\n"
     return Answer(status, {"content-type": "application/json"}, body.encode())
+
+
+def json_answer(value, status: int = 200) -> Answer:
+    """NettyUtils.sendJsonResponse: GSON's pretty JSON and a newline."""
+    return Answer(status, {"content-type": "application/json"}, (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode())
 
 
 def status_json(status: str, code: int = 200) -> Answer:
@@ -68,7 +78,8 @@ def expiry(text: str) -> datetime:
 
 @dataclass(frozen=True)
 class Route:
-    """What an inference path asks for: `ping`, `predictions` (model, version, url_path), or nothing (404)."""
+    """What an inference path asks for: `ping`, `predictions` (model, version, url_path), `wfpredict` (model: the
+    workflow), or nothing (404)."""
 
     kind: str
     model: str = ""
@@ -83,6 +94,8 @@ def route(path: str) -> Route | None:
         segments.pop()
     if len(segments) >= 2 and segments[1] == "ping":
         return Route("ping")
+    if len(segments) >= 3 and segments[1].lower() == "wfpredict":  # WorkflowInferenceRequestHandler: any case
+        return Route("wfpredict", segments[2])
     if len(segments) >= 3 and segments[1] == "predictions":
         return Route("predictions", segments[2], segments[3] if len(segments) >= 4 else None, "/".join(segments[4:]))
     return None
@@ -120,7 +133,7 @@ def answers(reply: PredictReply, count: int) -> list[Answer]:
     batch's code and message for all (RestJob.sendError)."""
     if reply.code != 200:
         status = 507 if reply.code == 413 else reply.code
-        return [error(status, "InternalServerException", reply.message)] * count
+        return [replace(error(status, "InternalServerException", reply.message), failed=True)] * count
     given = []
     for row in reply.rows:
         headers = {"content-type": row.content_type} if row.content_type else {}
