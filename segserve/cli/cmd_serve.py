@@ -4,7 +4,7 @@ the autoscaler beside it); `--stop` ends the engine that serves from --run-dir."
 from pathlib import Path
 
 from segserve.cli.common import server_from
-from segserve.engines.engine_interface import DEFAULT_ENGINE, ENGINES, record
+from segserve.engines.engine_interface import DEFAULT_ENGINE, ENGINES, RAY_PROXIES, RAY_PROXY_DEFAULT, record
 from segserve.errors import UsageError
 from segserve.serving.served_pipeline import DEFAULT_DAG, served_targets, start_pipeline
 
@@ -18,6 +18,11 @@ def add_parser(sub, common) -> None:
         choices=ENGINES,
         help=f"what serves the archives (default: {DEFAULT_ENGINE}; ray: Ray Serve with TorchServe's APIs, docs/ray.md); "
         "--stop: the one started from --run-dir",
+    )
+    p.add_argument(
+        "--ray-proxy",
+        choices=RAY_PROXIES,
+        help=f"--engine ray: Serve's HTTP front (default: {RAY_PROXY_DEFAULT}, stats and metrics on loopback; default: Serve's proxy)",
     )
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
     p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (docs/workers-and-cores.md)")
@@ -34,6 +39,8 @@ def add_parser(sub, common) -> None:
 def run(args) -> int:
     # starting: TorchServe unless --engine says otherwise; stopping: the engine recorded in --run-dir
     args.engine = args.engine or (None if args.stop else DEFAULT_ENGINE)
+    if getattr(args, "ray_proxy", None) and args.engine != "ray":
+        raise UsageError("--ray-proxy chooses the Ray engine's HTTP front: add --engine ray")
     server = server_from(args)
     if args.stop:
         stopped = server.stop()

@@ -35,6 +35,7 @@ def server_from(args):
         config=config,
         port_base=getattr(args, "port_base", None),
         core_plan=Path(args.core_plan) if getattr(args, "core_plan", None) else None,
+        ray_proxy=getattr(args, "ray_proxy", None),
     )
 
 

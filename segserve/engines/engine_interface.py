@@ -71,6 +71,12 @@ def record(engine: Engine) -> None:
     (engine.run_dir / ENGINE_FILE).write_text(engine.engine + "\n")
 
 
+# Serve's HTTP front of the Ray engine: HAProxy (its stats and metrics on loopback, haproxy_loopback.py) answered
+# 4-8x the default proxy's requests at a fraction of its CPU (docs/measurements.md, "each model its own route")
+RAY_PROXIES = ("haproxy", "default")
+RAY_PROXY_DEFAULT = "haproxy"
+
+
 def open_engine(
     name: str | None,
     run_dir: Path,
@@ -78,6 +84,7 @@ def open_engine(
     config: Path,
     port_base: int | None = None,
     core_plan: Path | None = None,
+    ray_proxy: str | None = None,
 ) -> Engine:
     """The engine `name` (None: the one recorded in run_dir) for these server options; TorchServe-only options
     refused by name on another engine."""
@@ -91,5 +98,6 @@ def open_engine(
             raise UsageError("--core-plan pins TorchServe's frontend and workers: not on the Ray engine (docs/ray.md)")
         from segserve.engines.ray.engine import RayServe
 
-        return RayServe(run_dir=run_dir, model_store=model_store, config_template=config, port_base=port_base)
+        haproxy = (ray_proxy or RAY_PROXY_DEFAULT) == "haproxy"
+        return RayServe(run_dir=run_dir, model_store=model_store, config_template=config, port_base=port_base, haproxy=haproxy)
     raise UsageError(f"unknown engine {name!r}: one of {', '.join(ENGINES)}")

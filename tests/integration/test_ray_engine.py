@@ -19,6 +19,7 @@ from PIL import Image
 
 from segserve.archives.build import tool
 from segserve.engines.ray.engine import RayServe
+from segserve.engines.ray.exposure import exposure
 from segserve.engines.ray.replica import ModelSpec
 from segserve.serving.http import request
 from segserve.serving.server import TorchServe
@@ -177,3 +178,13 @@ def test_stop_leaves_no_process_and_no_folder(store, tmp_path):
     assert [p.pid for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []
     left = [p for p in psutil.process_iter(["cmdline"]) if any(temp_dir in part for part in p.info["cmdline"] or [])]
     assert left == [] and not Path(temp_dir).exists()
+
+
+def test_every_listener_is_on_loopback_or_refuses_a_request_without_a_key(ray):
+    """docs/security.md's table: HAProxy's stats and metrics on loopback (Ray's template binds them everywhere), the
+    rest keyed; Ray's own Prometheus exporters are the known open ones, nothing else."""
+    found = exposure(ray.process_ids())
+    assert not found.get("open"), found.get("open")
+    if ray.haproxy:
+        assert sum(listener.process == "haproxy" for listener in found["loopback"]) == 3  # frontend, stats, metrics
+    assert {listener.process for listener in found.get("ray-metrics", [])} <= {"python", "ray::DashboardAgent"}

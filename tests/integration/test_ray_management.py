@@ -1,7 +1,8 @@
 """The Ray engine from `segserve serve --engine ray --no-targets` to `serve --stop`, through TorchServe's management
 API on its own port: a .mar registered (POST /models?url=), predicted, scaled to two workers under concurrent
 requests with none lost and the first replica kept (Serve's update in place), described with both workers, removed,
-and nothing left running after the stop. About 25 s on 2 cores (docs/ray.md); the answers' shapes are unit-tested
+every listener on loopback or refusing a request without a key (exposure.py; Ray's own metrics exporters reported
+apart), and nothing left running after the stop. About 25 s on 2 cores (docs/ray.md); the answers' shapes are unit-tested
 against a real TorchServe's (tests/unit/test_ray_management.py)."""
 
 import json
@@ -14,6 +15,7 @@ import psutil
 from segserve.archives.build import tool
 from segserve.cli import main
 from segserve.engines.engine_interface import open_engine
+from segserve.engines.ray.exposure import exposure
 from segserve.serving.http import Connection, request
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,7 +30,10 @@ def test_serve_register_predict_scale_under_load_describe_delete_and_stop(tmp_pa
     common = ["--run-dir", str(run_dir), "--model-store", str(store), "--config", str(ROOT / "config.properties")]
     from segserve.serving.ts_config import free_port
 
-    assert main(["serve", "--engine", "ray", "--no-targets", "--port-base", str(free_port()), *common]) == 0
+    # Serve's own proxy: HAProxy mode (serve's default) takes twice as long here, each change waiting for HAProxy's
+    # reload and health checks (29 s against 57 s, 2 cores under load); it is checked in the long tier
+    serve = ["serve", "--engine", "ray", "--ray-proxy", "default", "--no-targets", "--port-base", str(free_port())]
+    assert main([*serve, *common]) == 0
     engine = open_engine(None, run_dir, store, ROOT / "config.properties")  # what `token`, `scale`, `predict` get
     try:
         assert engine.engine == "ray" and engine.models() == []
@@ -59,6 +64,9 @@ def test_serve_register_predict_scale_under_load_describe_delete_and_stop(tmp_pa
         described = engine.describe("echo")
         assert (described["minWorkers"], [w["status"] for w in described["workers"]]) == (2, ["READY", "READY"])
         assert first in [w["pid"] for w in described["workers"]]  # scaled in place: the first replica kept serving
+        # every listener of the engine on loopback, or refusing a keyless request (Ray's own exporters apart)
+        found = exposure(engine.process_ids())
+        assert not found.get("open"), found.get("open")
         engine.unregister("models", "echo")
         gone = request(engine.url("inference"), "POST", "/predictions/echo", engine.token("inference"), b"x")
         assert (gone.status, gone.json()["type"]) == (404, "ModelNotFoundException")

@@ -1,9 +1,11 @@
-"""The Ray Serve applications: each model an application of its own, one deployment (replica.MarReplica: its workers
-as fixed replicas, its job queue as max_queued_requests, no HTTP route), and one ingress application that answers
-TorchServe's inference API on Serve's one HTTP port and calls the models through DeploymentHandles.
+"""The Ray Serve applications: each model an application of its own at the route `/predictions/<model>`, one
+deployment (replica.MarReplica: its workers as fixed replicas, its job queue as max_queued_requests) that answers
+its own requests (one hop: Serve's proxy or HAProxy sends them straight to a replica), and one ingress application
+at `/` for the rest of TorchServe's inference API on Serve's one HTTP port: /ping, /wfpredict (the nodes called
+through DeploymentHandles), and the 404s of unknown paths and models (Serve takes the longest route prefix).
 
-The ingress checks the inference key of TorchServe's key_file.json on every request, before any route, as
-TorchServe's TokenAuthorizationHandler does: the key is checked in the ingress deployment itself, so an ingress
+The ingress and each model's replica check the inference key of TorchServe's key_file.json on every request, before
+any route, as TorchServe's TokenAuthorizationHandler does: the key is checked in the deployment itself, so a
 replica's own HTTP port (direct ingress, HAProxy mode) asks for it too. The file is read again when it changes (the
 management API's /token renews a key). Then `GET /ping` and `POST /predictions/{model}[/{version}]`
 (torchserve_api.route), and `POST /wfpredict/{workflow}`: a registered .war's DAG composed here, each node's
@@ -18,10 +20,7 @@ which Serve does for a deployment without one (serve.run gives it a random versi
 Serve's internal flag of Deployment.options (Ray 2.60 removed `version` from the public options).
 """
 
-import json
-import os
 import uuid
-from pathlib import Path
 
 from ray import serve
 from ray.serve.exceptions import BackPressureError
@@ -30,7 +29,7 @@ from starlette.responses import Response
 
 from segserve.engines.ray import torchserve_api as api
 from segserve.engines.ray import workflow
-from segserve.engines.ray.replica import MarReplica, ModelSpec, Request
+from segserve.engines.ray.replica import MarReplica, ModelSpec, Request, to_http
 
 # Ray's default is 5 requests in a replica at once: a batch could never fill past it. TorchServe hands a worker a
 # batch while the next one queues in the frontend: room for two batches.
@@ -42,6 +41,11 @@ INGRESS_APP = "torchserve"
 VERSION = "segserve"  # the fixed version of every deployment (see above)
 
 
+def model_route(model: str) -> str:
+    """A model's own route prefix (TorchServe's model names are letters, digits, '_', '-' and '.': no escaping)."""
+    return f"/predictions/{model}"
+
+
 def model_app_name(model: str) -> str:
     """A model's Serve application (TorchServe's model names cannot hold ':', so no model's is the ingress's)."""
     return f"model:{model}"
@@ -51,8 +55,7 @@ class Ingress:
     """TorchServe's inference API in front of the models' deployments (handles, by model name)."""
 
     def __init__(self, key_file: str):
-        self.key_file = Path(key_file)
-        self.key_stamp, self.key, self.expires = None, "", None
+        self.key = api.InferenceKey(key_file)
         self.versions: dict[str, str] = {}
         self.workflows: dict[str, workflow.WorkflowPlan] = {}
         self.handles: dict = {}
@@ -64,14 +67,6 @@ class Ingress:
         self.workflows = {name: workflow.WorkflowPlan.from_config(plan) for name, plan in config.get("workflows", {}).items()}
         self.handles = {name: handle for name, handle in self.handles.items() if name in self.versions}
 
-    def inference_key(self) -> tuple[str, str | None]:
-        """The key file's inference key and expiration, read again whenever the file changed."""
-        stat = os.stat(self.key_file)
-        if (stat.st_mtime_ns, stat.st_ino) != self.key_stamp:
-            entry = json.loads(self.key_file.read_text())["inference"]
-            self.key_stamp, self.key, self.expires = (stat.st_mtime_ns, stat.st_ino), entry["key"], entry.get("expiration time")
-        return self.key, self.expires
-
     def handle(self, model: str):
         if model not in self.handles:
             self.handles[model] = serve.get_deployment_handle(model, app_name=model_app_name(model), _check_exists=False)
@@ -79,12 +74,10 @@ class Ingress:
 
     async def __call__(self, http: HttpRequest) -> Response:
         request_id = str(uuid.uuid4())
-        answer = await self.answer(http, request_id)
-        headers = {**answer.headers, "x-request-id": request_id, **api.NO_CACHE}
-        return Response(answer.body, status_code=answer.status, headers=headers)
+        return to_http(await self.answer(http, request_id), request_id)
 
     async def answer(self, http: HttpRequest, request_id: str) -> api.Answer:
-        if refused := api.key_refused(http.headers.get("authorization"), *self.inference_key()):
+        if refused := self.key.refused(http.headers.get("authorization")):
             return refused
         route = api.route(http.url.path)
         if route is None:
@@ -93,6 +86,8 @@ class Ingress:
             return api.status_json("Healthy")  # every registered model's replicas were up when it was registered
         if route.kind == "wfpredict":
             return await self.workflow_answer(http, request_id, route.model)
+        # a model's own route answers its requests (replica.MarReplica); here only a name no application serves,
+        # or one registered an instant ago whose route Serve's proxy has not learnt yet
         if missing := api.model_missing(route.model, route.version, self.versions):
             return missing
         headers = api.request_headers(http.headers.raw, route.url_path)
@@ -117,8 +112,8 @@ class Ingress:
         return await self.handle(model).seen_batch_sizes.remote()
 
 
-def model_app(spec: ModelSpec, folder: str):
-    """One model's application: its deployment, `spec.workers` fixed replicas."""
+def model_app(spec: ModelSpec, folder: str, key_file: str):
+    """One model's application: its deployment, `spec.workers` fixed replicas (serve.run it at model_route)."""
     options = {
         "name": spec.name,
         "num_replicas": spec.workers,
@@ -127,7 +122,7 @@ def model_app(spec: ModelSpec, folder: str):
         # logical CPUs only place replicas: TorchServe's workers reserve no cores either
         "ray_actor_options": {"num_cpus": 0},
     }
-    return serve.deployment(MarReplica).options(**options, version=VERSION, _internal=True).bind(spec, folder)
+    return serve.deployment(MarReplica).options(**options, version=VERSION, _internal=True).bind(spec, folder, key_file)
 
 
 def ingress_app(key_file: str, versions: dict[str, str], workflows: dict[str, dict] | None = None):

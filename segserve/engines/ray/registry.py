@@ -1,13 +1,13 @@
 """The models a Ray engine serves, kept by its driver (driver.py) and changed through Ray Serve: what the management
 API (management_api.py, management_server.py) registers, scales and unregisters. One change at a time.
 
-Each model is a Serve application of its own (app.model_app) and the ingress learns the set through its user_config
-(app.ingress_app): registering deploys the model's application, waits until its replicas run, then tells the
-ingress; unregistering tells the ingress first, then deletes the application; scaling redeploys the model's
-application with another num_replicas, which Serve applies in place (the running replicas keep serving, the ones
-added take requests once they run, the ones removed finish what they hold first: graceful shutdown). A workflow's
-nodes are models `<workflow>__<node>` as on TorchServe (listed, described and scaled as any model); the ingress
-learns the workflow (its DAG) once every node's replicas run, and forgets it before its nodes go.
+Each model is a Serve application of its own at its route `/predictions/<model>` (app.model_app) and the ingress
+learns the set through its user_config (app.ingress_app): registering deploys the model's application, waits until
+its replicas run, then tells the ingress; unregistering tells the ingress first, then deletes the application;
+scaling redeploys the model's application with another num_replicas, which Serve applies in place (the running
+replicas keep serving, the ones added take requests once they run, the ones removed finish what they hold first:
+graceful shutdown). A workflow's nodes are models `<workflow>__<node>` as on TorchServe (listed, described and
+scaled as any model); the ingress learns the workflow (its DAG) once every node's replicas run, and forgets it before its nodes go.
 """
 
 import json
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ray import serve
 
-from segserve.engines.ray.app import INGRESS_APP, ingress_app, model_app, model_app_name
+from segserve.engines.ray.app import INGRESS_APP, ingress_app, model_app, model_app_name, model_route
 from segserve.engines.ray.management_api import Registered, Worker
 from segserve.engines.ray.torchserve_api import renewed_keys
 from segserve.engines.ray.workflow_management import RegisteredWorkflow
@@ -49,7 +49,7 @@ class Registry:
     def _deploy_model(self, model: Registered) -> None:
         name = model.spec.name
         try:
-            serve.run(model_app(model.spec, self.folder), name=model_app_name(name), route_prefix=None)
+            self._run_model(model.spec)
             self._wait(name, model.spec.workers)
         except Exception as failed:  # Serve's own (DEPLOY_FAILED, a replica's constructor's exception)
             serve.delete(model_app_name(name))
@@ -93,7 +93,7 @@ class Registry:
         with self.lock:
             model = self.models[name]
             changed = replace(model, spec=replace(model.spec, workers=workers))
-            serve.run(model_app(changed.spec, self.folder), name=model_app_name(name), route_prefix=None)
+            self._run_model(changed.spec)
             self.models[name] = changed
         if wait:
             self._wait(name, workers)
@@ -117,6 +117,9 @@ class Registry:
         with self.lock:
             keys = renewed_keys(json.loads(self.key_file.read_text()), api, self.expiry_min)
             write_private(self.key_file, json.dumps(keys, indent=2))
+
+    def _run_model(self, spec) -> None:
+        serve.run(model_app(spec, self.folder, str(self.key_file)), name=model_app_name(spec.name), route_prefix=model_route(spec.name))
 
     def _deploy_ingress(self) -> None:
         versions = {name: model.version for name, model in self.models.items()}

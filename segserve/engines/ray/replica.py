@@ -8,6 +8,11 @@ CPU, the batch size, limit_max_image_pixels, and a metrics cache from TorchServe
 Service.predict as the worker reads it from the frontend (worker_protocol.worker_request), and its reply is read
 back as the frontend reads it (worker_protocol.read_predict_reply, torchserve_api.answers).
 
+Each model's application has its own route, `/predictions/<model>` (app.model_app): Serve's proxy, or HAProxy,
+sends such a request straight to a replica of the model, which checks the inference key and the route itself and
+runs the batch (one hop; through the ingress it was two deployments, each paying Ray's cost per call). The ingress
+(app.Ingress) still calls the same batch through a handle for a workflow's nodes.
+
 A workflow's function node is loaded the same way, as TorchServe registers it: its .war extracted as the folder (no
 manifest), `<function file>:<function>` as the handler (ts.model_loader finds the function), batch size 1.
 
@@ -20,12 +25,16 @@ import json
 import os
 import sys
 import tempfile
+import uuid
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ray import serve
+from starlette.requests import Request as HttpRequest
+from starlette.responses import Response
 
+from segserve.engines.ray import torchserve_api as api
 from segserve.engines.ray.model_spec import ModelSpec
 from segserve.engines.ray.torchserve_api import Answer, answers
 from segserve.engines.worker_protocol import metrics_cache, parameters_request, read_predict_reply, worker_request
@@ -92,17 +101,43 @@ def gpu_of_replica() -> int | None:
     return 0 if torch.cuda.is_available() and os.environ.get("CUDA_VISIBLE_DEVICES", "") not in ("", "-1") else None
 
 
+def to_http(answer: Answer, request_id: str) -> Response:
+    """An answer as TorchServe sends it: its headers, x-request-id and the no-cache headers."""
+    return Response(answer.body, status_code=answer.status, headers={**answer.headers, "x-request-id": request_id, **api.NO_CACHE})
+
+
 class MarReplica:
     """The replica's class (app.py makes it a deployment): the archive loaded at construction, then batches of at
-    most spec.batch_size requests, each batch waiting at most max_batch_delay_ms to fill, one batch at a time."""
+    most spec.batch_size requests, each batch waiting at most max_batch_delay_ms to fill, one batch at a time;
+    `/predictions/<model>[/<version>][/<url_path>]` answered here (the key file's inference key checked first)."""
 
-    def __init__(self, spec: ModelSpec, folder: str):
+    def __init__(self, spec: ModelSpec, folder: str, key_file: str):
         self.spec = spec
+        self.key = api.InferenceKey(key_file)
+        self.versions = {spec.name: spec.version()}
         self.model_dir = extract(spec.archive, Path(folder))
         self.service = load_service(spec, self.model_dir, gpu_of_replica())
         self.batch.set_max_batch_size(spec.batch_size)
         self.batch.set_batch_wait_timeout_s(spec.max_batch_delay_ms / 1000)
         self.batch_sizes: list[int] = []  # every batch's size, in order (the tests read it)
+
+    async def __call__(self, http: HttpRequest) -> Response:
+        request_id = str(uuid.uuid4())
+        return to_http(await self.answer(http, request_id), request_id)
+
+    async def answer(self, http: HttpRequest, request_id: str) -> Answer:
+        """TorchServe's answer to a request of this model's route, as the ingress gives it (app.Ingress.answer)."""
+        if refused := self.key.refused(http.headers.get("authorization")):
+            return refused
+        route = api.route(http.url.path)
+        if route is None or route.kind != "predictions":
+            return api.error(404, "ResourceNotFoundException", api.NOT_FOUND)
+        # a longer name under this prefix (`/predictions/<model>x`) that no application took: not served
+        if missing := api.model_missing(route.model, route.version, self.versions):
+            return missing
+        headers = api.request_headers(http.headers.raw, route.url_path)
+        sent = Request(request_id, headers, await http.body(), http.headers.get("content-type", ""))
+        return await self.batch(sent)
 
     @serve.batch  # its size and wait set per model in __init__
     async def batch(self, requests: list[Request]) -> list[Answer]:

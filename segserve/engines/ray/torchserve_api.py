@@ -12,6 +12,7 @@ InternalServerException, 413 sent as 507).
 """
 
 import json
+import os
 import re
 import secrets
 from base64 import urlsafe_b64encode
@@ -74,6 +75,23 @@ def expiry(text: str) -> datetime:
     """A key file's "expiration time" (Instant.toString: 2026-12-05T16:22:27.013Z, 0 to 9 digits of fraction)."""
     day_time, _, fraction = text.rstrip("Z").partition(".")
     return datetime.fromisoformat(day_time).replace(tzinfo=UTC) + timedelta(seconds=float(f"0.{fraction or 0}"))
+
+
+class InferenceKey:
+    """The key file's inference key, read again whenever the file changed (the management API's /token renews it):
+    the ingress and every model's replica check it on each request."""
+
+    def __init__(self, key_file: str):
+        self.key_file = key_file
+        self.stamp, self.key, self.expires = None, "", None
+
+    def refused(self, authorization: str | None) -> Answer | None:
+        stat = os.stat(self.key_file)
+        if (stat.st_mtime_ns, stat.st_ino) != self.stamp:
+            with open(self.key_file) as file:
+                entry = json.load(file)["inference"]
+            self.stamp, self.key, self.expires = (stat.st_mtime_ns, stat.st_ino), entry["key"], entry.get("expiration time")
+        return key_refused(authorization, self.key, self.expires)
 
 
 @dataclass(frozen=True)
