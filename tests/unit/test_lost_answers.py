@@ -11,7 +11,7 @@ import pytest
 
 from segserve.archives.war import war_of
 from segserve.bench.run.failures import node_failures
-from segserve.bench.run.load import TIMEOUT, LoadResult
+from segserve.bench.run.load import CONNECTION_ERROR, TIMEOUT, LoadResult
 from segserve.bench.run.lost_answers import lost_answers, lost_cause, point_lost
 from segserve.bench.run.measure import Endpoint, measure
 from segserve.bench.run.stalls import stall_cause
@@ -104,11 +104,13 @@ def test_a_point_counts_in_flight_at_the_end_and_reads_each_nodes_timeout_ms_as_
     assert timeouts_ms == {"pre_processing": 300000, "cat_dog_classification": 10000}
     failures = {"by_node": {"pre_processing": counts(190), "cat_dog_classification": counts(187)}}
     result = LoadResult()
-    for sent_s, end_s, status in ((1.0, 1.1, 200), (5.0, 35.0, TIMEOUT), (58.0, 88.0, TIMEOUT)):  # the load stopped at 60 s
+    # the load stopped at 60 s: two requests waited the client's whole timeout (their answers lost), one was cut
+    records = ((1.0, 1.1, 200), (5.0, 35.0, TIMEOUT), (58.0, 88.0, TIMEOUT), (59.5, 60.2, CONNECTION_ERROR))
+    for sent_s, end_s, status in records:
         result.record(sent_s, end_s, status)
     result.wall_s = 88.0
     lost = point_lost(war, failures, result, stopped_s=60.0, timeout_s=30.0)
-    assert lost["lost_answers"] == {"pre_processing": 2}  # 3 short, 1 of them in flight when the load ended
+    assert lost["lost_answers"] == {"pre_processing": 2}  # 3 short, 1 of them cut in flight when the load ended
     assert lost["lost_cause"].startswith(f"2 answers of pre_processing lost ({RACE}); its request waits timeout-ms 300000, longer than")
     assert point_lost(None, failures, result, 60.0, 30.0) == {"lost_answers": None, "lost_cause": None}  # not a workflow
 
