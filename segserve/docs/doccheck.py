@@ -81,6 +81,11 @@ RULES: list[tuple[str, str, str]] = [
         "tests/system/test_bench_run.py::test_a_grid_measured_in_rounds_alternates_its_points_and_keeps_the_median_of_each",
     ),
     (
+        r"build_vision_join\.py|segserve fuse vision_join\.war|benchmarks/foreign/vision_join\.yaml",
+        "test",
+        "tests/system/test_vision_join.py::test_the_vision_join_builds_on_torchserves_image_classifier_fuses_and_its_suite_plans",
+    ),
+    (
         r"benchmarks/foreign/build\.py|segserve bench <repo>/benchmarks/foreign/",
         "test",
         "tests/system/test_foreign_archives.py::test_the_seed_style_archives_build_and_their_suites_plan_from_their_folder",

@@ -168,6 +168,10 @@ SMOKE: dict[str, tuple[str, str]] = {
         "test",
         "tests/system/test_image_segmenter.py::test_the_image_segmenter_archive_names_torchserves_handler_brings_no_code_and_its_suite_plans",
     ),
+    "benchmarks/foreign/build_vision_join.py": (
+        "test",
+        "tests/system/test_vision_join.py::test_the_vision_join_builds_on_torchserves_image_classifier_fuses_and_its_suite_plans",
+    ),
     "benchmarks/peers/litserve_app.py": ("test", PEERS),
     "benchmarks/peers/triton_app.py": ("cannot", "needs .peers/triton (nvidia-pytriton and its Triton server); make test-peers runs it"),
     "benchmarks/stock_server.py": measurement("measurements.md: the stock TorchServe baseline on fixed ports"),
