@@ -237,7 +237,9 @@ def test_a_users_archives_are_benchmarked_as_they_are(user_archives, tmp_path, m
     assert "captured what pipeline-tiny answers to its 3 input(s)" in capsys.readouterr().out
     report = (folder / "report.md").read_text()
     efficiency = report.split("## Pipeline efficiency")[1].split("\n## ")[0]
-    assert re.search(r"\| pipeline \| [\d.]+ \| pipeline-tiny [\d.]+, pipeline-encode [\d.]+ \|", efficiency), efficiency
+    # its rate, the point it is, feasible, no flags, no lost answers, no failed request, then its members
+    row = r"\| pipeline \| [\d.]+ \| pipeline-[0-9a-f]{8} \| yes \| – \| 0 \| 0 \| pipeline-tiny [\d.]+, pipeline-encode [\d.]+ \|"
+    assert re.search(row, efficiency), efficiency
     # the same row as data (pipelines.jsonl): its every cell, the ratios (or their uncertain notes) among them, is the report's
     (pipeline,) = read_pipelines(folder)
     assert pipeline["pipeline"] == "pipeline" and pipeline["shared_bound_rps"] > 0

@@ -137,4 +137,5 @@ def test_a_join_workflows_members_are_measured_on_what_the_workflow_sends_them(t
     (pipeline,) = read_pipelines(folder)
     assert pipeline["pipeline"] == "dog" and pipeline["shared_bound_rps"] > 0, pipeline
     efficiency = (folder / "report.md").read_text().split("## Pipeline efficiency")[1].split("\n## ")[0]
-    assert re.search(r"\| dog \| [\d.]+ \| dog-model_a [\d.]+, dog-join_b [\d.]+ \|", efficiency), efficiency
+    row = r"\| dog \| [\d.]+ \| dog-[0-9a-f]{8} \| (yes|no) \| [^|]+ \| \d+ \| \d+ \| dog-model_a [\d.]+, dog-join_b [\d.]+ \|"
+    assert re.search(row, efficiency), efficiency
