@@ -136,7 +136,7 @@ class PointMeasurement:
         """(the bench's TorchServe when it serves the point, the size of its workers' log now): where the point's
         own log starts; (None, 0) for a target that is not served by it."""
         torchserve = self.deployment.torchserve
-        if self.deployment.active is not torchserve or torchserve.server is None:
+        if self.deployment.active is not torchserve or torchserve.torchserve_logs is None:  # none, or Ray's
             return None, 0
         return torchserve.server, torchserve.server.model_log_size()
 
@@ -178,6 +178,7 @@ def record_for(point: Point, reconfigure_s: float, metrics: dict | None, error: 
     return {  # type: ignore[typeddict-item]  (its parameters and metrics beside the declared keys)
         "run_id": point.run_id,
         "target": point.target,
+        "engine": point.engine,
         "workers": workers.get(weights_node) or next(iter(workers.values()), None),
         "batch_size": params.get("batch_size"),
         "max_batch_delay_ms": params.get("max_batch_delay_ms"),

@@ -331,7 +331,7 @@ def _profile_point(suite, catalog: Catalog, weights: Path, point, inputs, out_di
         connections = point.params.get("concurrency") or 8
         seconds, out = suite.profile_seconds, out_dir / "profile"
         warm_s = suite.load.warmup_s + suite.load.fresh_workers_warmup_s  # a server started for the profile: fresh
-        if point.target in catalog.targets:
+        if point.target in catalog.targets and point.engine == "torchserve":  # TorchServe's metrics and workers' stacks
             server = deployment.torchserve.server
             target = catalog.targets[point.target]
             return profiler.profile(server, target, server.run_dir, seconds, out, bodies, connections, 100, log, warm_s)

@@ -81,6 +81,7 @@ class Record(TypedDict, total=False):
 
     run_id: str
     target: str
+    engine: str  # what served it: torchserve or ray (grid.server.engine); a record from before the Ray engine has none
     point_key: str  # the point's place in the space, whatever else it was measured with
     workers: int | None
     batch_size: int | None
@@ -113,6 +114,7 @@ class Record(TypedDict, total=False):
 BASE_COLUMNS = [
     "run_id",
     "target",
+    "engine",
     "workers",
     "batch_size",
     "max_batch_delay_ms",

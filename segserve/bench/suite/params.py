@@ -61,6 +61,13 @@ def _stage(name: str, item, doc: str) -> Param:
 PARAMS = {
     p.name: p
     for p in [
+        Param(
+            "engine",
+            "server",
+            Literal["torchserve", "ray"],
+            doc="what serves the point: torchserve (unset), or ray: the same archives on Ray Serve with TorchServe's API "
+            "(docs/ray.md; HAProxy in front, replicas as workers)",
+        ),
         Param("omp_num_threads", "server", PositiveInt, env="OMP_NUM_THREADS", doc="OMP_NUM_THREADS of every worker (unset: torch's)"),
         Param("netty_threads", "server", PositiveInt, config="number_of_netty_threads", doc="the frontend's netty threads"),
         Param(
@@ -202,6 +209,27 @@ PARAMS = {
         ),
     ]
 }
+
+
+# Settings of TorchServe's own parts (its JVM, netty, CPU launcher, gRPC API, metrics and logs): a Ray point cannot
+# take them, and the suite is refused naming them (value None: any value; else the values that are TorchServe's)
+TORCHSERVE_ONLY = {
+    ("server", "netty_threads"): None,
+    ("server", "jvm_options"): None,
+    ("server", "prefer_direct_buffer"): None,
+    ("server", "venv"): None,
+    ("server", "pinning"): ("torchserve", "plan"),
+    ("runtime", "autoscale"): (True,),
+    ("load", "protocol"): ("grpc",),
+}
+
+
+def torchserve_only(level: str, name: str, values: list) -> list:
+    """Of a grid's values of one parameter, those only TorchServe serves (TORCHSERVE_ONLY)."""
+    if (level, name) not in TORCHSERVE_ONLY:
+        return []
+    only = TORCHSERVE_ONLY[(level, name)]
+    return [v for v in values if only is None or v in only]
 
 
 def node_value_applies(param: Param, handler: str, target) -> bool:

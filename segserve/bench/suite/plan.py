@@ -36,9 +36,16 @@ class Point:
         return dict(self.server + self.archive + self.runtime + self.load)
 
     @property
+    def engine(self) -> str:
+        """What serves the point: grid.server.engine's value, TorchServe where the suite gives none."""
+        return dict(self.server).get("engine", "torchserve")
+
+    @property
     def key(self) -> str:
-        """The point's place in the space (target and parameters), whatever else it was measured with."""
-        return hashlib.sha1(json.dumps([self.target, sorted(self.params.items())], default=str).encode()).hexdigest()[:8]
+        """The point's place in the space (target and parameters), whatever else it was measured with. TorchServe
+        is the engine a point without one ran on: `engine: torchserve` leaves its key (and run id) as it was."""
+        params = {k: v for k, v in self.params.items() if (k, v) != ("engine", "torchserve")}
+        return hashlib.sha1(json.dumps([self.target, sorted(params.items())], default=str).encode()).hexdigest()[:8]
 
     @property
     def run_id(self) -> str:

@@ -31,7 +31,7 @@ from segserve.archives.catalog import Catalog, unknown
 from segserve.archives.registration import REGISTRATIONS
 from segserve.bench.suite.columns import METRICS
 from segserve.bench.suite.input_spec import InputSpec
-from segserve.bench.suite.params import LEVELS, PARAMS, at_level, node_value_applies
+from segserve.bench.suite.params import LEVELS, PARAMS, at_level, node_value_applies, torchserve_only
 from segserve.bench.suite.strict_model import Strict
 from segserve.bench.suite.target_spec import TARGET_KINDS, ArchiveTarget, CommandTarget, HttpTarget, TargetEntry
 from segserve.errors import UsageError
@@ -265,6 +265,26 @@ class Suite(Strict):
     def plan_for_pinning(self):
         if "plan" in (self.grid.server.pinning or []) and not self.core_plan:
             raise ValueError("grid.server.pinning has 'plan': give the plan file as core_plan")
+        return self
+
+    @model_validator(mode="after")
+    def ray_points_take_no_torchserve_settings(self):
+        """A Ray point has no JVM, netty, CPU launcher, gRPC API or TorchServe metrics: a suite that would give one
+        such a setting is refused naming it (the grid crosses every server value with every other)."""
+        if "ray" not in (self.grid.server.engine or []):
+            return self
+        for level in ("server", "runtime", "load"):
+            for name, values in getattr(self.grid, level).model_dump(exclude_none=True).items():
+                if taken := torchserve_only(level, name, values if isinstance(values, list) else [values]):
+                    raise ValueError(
+                        f"grid.{level}.{name} {taken} is TorchServe's own: not on a Ray point (grid.server.engine has ray); "
+                        "measure it in a suite of its own on TorchServe (docs/ray.md)"
+                    )
+        if members := [t.name for t in self.archive_targets.values() if t.members]:
+            raise ValueError(
+                f"targets {', '.join(members)}: members: true measures a .war's nodes on TorchServe, not on a Ray point "
+                "(grid.server.engine has ray): measure the .war itself on Ray (docs/ray.md)"
+            )
         return self
 
     @property

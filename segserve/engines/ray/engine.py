@@ -40,6 +40,7 @@ from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving import processes
 from segserve.serving.http import request
 from segserve.serving.management import ManagementClient
+from segserve.serving.server import SERVER_ENV, archive_environment, scratch_home
 from segserve.serving.ts_config import free_port, read_properties
 
 # config.properties keys of TorchServe's Java frontend (JVM, netty, gRPC): nothing of the Ray engine reads them
@@ -106,6 +107,10 @@ class RayServe(ManagementClient):
     management_port: int | None = None  # None: config_template's, else a free port
     config_template: Path | None = None  # config.properties: addresses, registration defaults, token expiration
     port_base: int | None = None  # inference on N, management on N+1 (`segserve serve --port-base`)
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of Ray's processes, so of every replica
+    # a user's archive: of the caller's environment only these names and a scratch HOME (server.archive_environment),
+    # as a TorchServe for a user's archive has it; None: segserve's whole environment
+    worker_env: tuple[str, ...] | None = None
 
     engine = "ray"
     title = "the Ray engine"
@@ -217,9 +222,19 @@ class RayServe(ManagementClient):
         log(f"the Ray engine is up: inference {self.url('inference')}, management {self.url('management')}")
         return time.monotonic() - began
 
+    @property
+    def archive_home(self) -> Path:
+        """The scratch HOME of a user's archive's engine (worker_env set): made at start, removed at stop."""
+        return self.run_dir / "archive-home"
+
     def _environment(self, temp_dir: Path) -> dict[str, str]:
+        inherited = os.environ
+        if self.worker_env is not None:
+            inherited = archive_environment(self.worker_env, scratch_home(self.archive_home))
         env = {
-            **os.environ,
+            **SERVER_ENV,
+            **inherited,
+            **self.env,
             processes.MARKER: str(self.run_dir.resolve()),
             "RAY_USAGE_STATS_ENABLED": "0",
             # every RPC into this Ray needs the token (Ray >= 2.52); kept in the run folder, never in ~/.ray
@@ -291,7 +306,25 @@ class RayServe(ManagementClient):
             shutil.rmtree(self.temp_dir_file.read_text().strip(), ignore_errors=True)
             self.temp_dir_file.unlink()
         self.driver_pid_file.unlink(missing_ok=True)
+        if self.worker_env is not None:  # its processes are gone: what they kept in their HOME goes too
+            shutil.rmtree(self.archive_home, ignore_errors=True)
         return stopped
+
+    def process_groups(self, models: tuple[str, ...]) -> dict[str, list[int]]:
+        """Ray's processes by role, as bench/run/measure.py's process_groups gives TorchServe's: each replica of
+        `models` ("<model>/<pid>", the management API's workers), the frontend (HAProxy and Serve's proxy actor:
+        what TorchServe's Java frontend does), and the rest (GCS, raylet, agents, the driver with the management
+        API, the ingress, idle workers)."""
+        groups: dict[str, list[int]] = {}
+        for model in models:
+            for worker in self.describe(model).get("workers", []):
+                if int(worker.get("pid") or -1) > 0:
+                    groups[f"{model}/{worker['pid']}"] = [int(worker["pid"])]
+        replicas = {pid for pids in groups.values() for pid in pids}
+        for process in self.engine_processes():
+            if process.pid not in replicas:
+                groups.setdefault(process_role(_name(process), _cmdline(process)), []).append(process.pid)
+        return groups
 
     def __enter__(self) -> "RayServe":
         self.start()
@@ -299,6 +332,13 @@ class RayServe(ManagementClient):
 
     def __exit__(self, *exc_info) -> None:
         self.stop()
+
+
+def process_role(name: str, cmdline: list[str]) -> str:
+    """A Ray engine's process that is no replica: "frontend" for HAProxy (its wrapper execs it under the same pid)
+    and Serve's proxy actor (Ray titles an actor's process ray::<class>), else "other"."""
+    command = " ".join(cmdline)
+    return "frontend" if "haproxy" in name or "haproxy" in command or "ray::ProxyActor" in command else "other"
 
 
 def _cmdline(process: psutil.Process) -> list[str]:

@@ -25,9 +25,11 @@ from segserve.bench.run.targets.kind import Kind
 from segserve.bench.suite.params import at_level
 from segserve.bench.suite.plan import Point, settings_for, spec_values
 from segserve.bench.suite.spec import Suite
+from segserve.engines.ray.engine import RayServe
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.http import Connection, Response
 from segserve.serving.server import TorchServe
+from segserve.serving.ts_config import free_port
 from segserve.shown_text import for_terminal
 
 # a worker that compiles its network (optimize compile/int8) loads for tens of seconds on 2 cores
@@ -72,15 +74,26 @@ class TorchServeTargets(Kind):
         except RuntimeFailure as failure:
             raise self.asking_to_install(failure, point.target) from None
         self.ensure_workers(point, target)
-        server = self.server
-        grpc = server.grpc_inference_url()
-        endpoint, token, logs = target.endpoint, server.token("inference"), server.run_dir / "logs"
+        server, token = self.server, self.server.token("inference")
         workflow = self.workflow if target.is_workflow else None
-        return Endpoint(server.url("inference"), endpoint, token, {}, server.url("metrics"), target.models, grpc, logs, workflow)
+        if self.torchserve_logs is None:  # Ray: no TorchServe metrics (server_queue_ms...) nor gRPC API: left empty
+            return Endpoint(server.url("inference"), target.endpoint, token, {}, None, target.models, None, None, workflow)
+        grpc, metrics, logs = server.grpc_inference_url(), server.url("metrics"), self.torchserve_logs
+        return Endpoint(server.url("inference"), target.endpoint, token, {}, metrics, target.models, grpc, logs, workflow)
+
+    @property
+    def torchserve_logs(self) -> Path | None:
+        """The logs folder of the TorchServe serving the point (failures by node, workers' exceptions, stalls are
+        read there); None on the Ray engine, which writes none of them."""
+        return self.server.run_dir / "logs" if isinstance(self.server, TorchServe) else None
 
     def watched_processes(self, endpoint: Endpoint) -> dict[str, list[int]] | None:
-        """TorchServe's frontend and workers by role, for their CPU and RSS."""
-        return process_groups(self.server, endpoint.models) if endpoint.metrics_url and self.server is not None else None
+        """The engine's processes by role (frontend, each worker or replica, the rest), for their CPU and RSS."""
+        if self.server is None:
+            return None
+        if isinstance(self.server, TorchServe):
+            return process_groups(self.server, endpoint.models)
+        return self.server.process_groups(endpoint.models)
 
     # Server ------------------------------------------------------------------------
     def ensure_server(self, point: Point) -> None:
@@ -110,14 +123,25 @@ class TorchServeTargets(Kind):
         core_plan = Path(self.suite.core_plan) if pinning == "plan" else None
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
         config = self.catalog.config_template
-        ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
-        venv = Path(params["venv"]) if params.get("venv") else None
-        self.server = TorchServe(
-            run_dir, self.store, config, config_overrides=overrides, env=env, core_plan=core_plan, venv=venv, worker_env=worker_env, **ports
-        )
+        if params.get("engine") == "ray":
+            self.server = self.ray_engine(run_dir, env, worker_env, installs)
+        else:
+            ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
+            venv = Path(params["venv"]) if params.get("venv") else None
+            options = {"config_overrides": overrides, "env": env, "core_plan": core_plan, "venv": venv, "worker_env": worker_env}
+            self.server = TorchServe(run_dir, self.store, config, **options, **ports)
         self.server.start(log=lambda _: None)
         self.changes["restarts"] += 1
         self.server_key, self.registered_key, self.current_workers = (point.server, worker_env, installs), None, {}
+
+    def ray_engine(self, run_dir: Path, env: dict, worker_env, installs: bool) -> RayServe:
+        """A point's Ray engine (grid.server.engine ray): HAProxy in front, as `segserve serve --engine ray` starts it,
+        the same server environment and archive environment as a TorchServe point's, on free ports (or port_base's)."""
+        if installs:
+            raise UsageError("install_requirements: TorchServe's install_py_dep_per_model; on a Ray point not yet (docs/ray.md)")
+        ports = {"port_base": self.port_base} if self.port_base else {"port": free_port(), "management_port": free_port()}
+        config = self.catalog.config_template
+        return RayServe(run_dir, model_store=self.store, config_template=config, haproxy=True, env=env, worker_env=worker_env, **ports)
 
     def requirements_key(self, name: str):
         """The archive target of the suite's file whose `install_requirements` applies to target `name`: a member's

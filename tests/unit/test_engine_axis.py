@@ -1,0 +1,86 @@
+"""The suite's engine axis (grid.server.engine): Ray points beside TorchServe's, TorchServe's own settings refused on
+a Ray point by name, a TorchServe point's run id as it was, the record's `engine`, and Ray's processes by role."""
+
+import textwrap
+
+import pytest
+
+from segserve.archives.catalog import Catalog
+from segserve.bench.run.point import record_for
+from segserve.bench.suite import plan
+from segserve.bench.suite.spec import load_suite
+from segserve.engines.ray.engine import process_role
+from segserve.errors import UsageError
+from tests.conftest import ROOT
+
+SAMPLES = str(ROOT / "samples" / "*.jpg")
+CATALOG = Catalog(ROOT)
+
+
+def suite_file(tmp_path, grid: str, targets: str = "[seg_jpeg_fused]"):
+    path = tmp_path / "suite.yaml"
+    path.write_text(f"targets: {targets}\ninputs: [{{images: ['{SAMPLES}']}}]\n" + textwrap.dedent(grid))
+    return path
+
+
+def test_a_torchserve_points_run_id_is_as_it_was_and_a_ray_point_is_a_point_of_its_own(tmp_path):
+    before = plan.expand(load_suite(suite_file(tmp_path, ""), CATALOG), CATALOG)
+    both = plan.expand(load_suite(suite_file(tmp_path, "grid: {server: {engine: [torchserve, ray]}}"), CATALOG), CATALOG)
+    assert [p.engine for p in both] == ["ray", "torchserve"] or [p.engine for p in both] == ["torchserve", "ray"]
+    torchserve = next(p for p in both if p.engine == "torchserve")
+    ray = next(p for p in both if p.engine == "ray")
+    assert [p.run_id for p in before] == [torchserve.run_id]
+    assert ray.run_id != torchserve.run_id and ray.run_id.startswith("seg_jpeg_fused-")
+    assert plan.cost(load_suite(suite_file(tmp_path, "grid: {server: {engine: [torchserve, ray]}}"), CATALOG), both).restarts == 2
+
+
+@pytest.mark.parametrize(
+    "grid, named",
+    [
+        ("grid: {server: {engine: [ray], netty_threads: [4]}}", "grid.server.netty_threads [4]"),
+        ("grid: {server: {engine: [torchserve, ray], jvm_options: ['-Xmx1g']}}", "grid.server.jvm_options"),
+        ("grid: {server: {engine: [ray], prefer_direct_buffer: [true]}}", "grid.server.prefer_direct_buffer"),
+        ("grid: {server: {engine: [ray], pinning: [none, torchserve]}}", "grid.server.pinning ['torchserve']"),
+        ("grid: {server: {engine: [ray], venv: [.venv-ipex]}}", "grid.server.venv"),
+        ("grid: {server: {engine: [ray]}, load: {concurrency: [8], protocol: [grpc]}}", "grid.load.protocol ['grpc']"),
+        ("grid: {server: {engine: [ray]}, runtime: {autoscale: [true]}}", "grid.runtime.autoscale [True]"),
+    ],
+)
+def test_torchserves_own_settings_on_a_ray_point_are_refused_by_name(tmp_path, grid, named):
+    with pytest.raises(UsageError) as refused:
+        load_suite(suite_file(tmp_path, grid), CATALOG)
+    assert named in str(refused.value) and "Ray point" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "grid",
+    [
+        "grid: {server: {netty_threads: [4], pinning: [torchserve]}, load: {concurrency: [8], protocol: [grpc]}}",
+        "grid: {server: {engine: [ray], pinning: [none], omp_num_threads: [1]}, load: {concurrency: [8], protocol: [http]}}",
+    ],
+)
+def test_settings_both_engines_take_are_not_refused(tmp_path, grid):
+    assert load_suite(suite_file(tmp_path, grid), CATALOG).grid.server is not None
+
+
+def test_the_record_names_the_engine_torchserve_where_the_suite_gives_none():
+    torchserve = plan.Point("seg", (), (), (("workers", 1),), (("concurrency", 8),))
+    ray = plan.Point("seg", (("engine", "ray"),), (), (("workers", 1),), (("concurrency", 8),))
+    assert record_for(torchserve, 1.0, {}, None)["engine"] == "torchserve"
+    assert record_for(ray, 1.0, {}, None)["engine"] == "ray"
+
+
+@pytest.mark.parametrize(
+    "name, cmdline, role",
+    [
+        ("python3.11", ["/x/python", "-m", "segserve.engines.ray.haproxy_loopback", "-f", "cfg"], "frontend"),
+        ("haproxy", ["/x/haproxy", "-f", "/tmp/segray-x/h/haproxy.cfg"], "frontend"),
+        ("ray::ProxyActor", ["ray::ProxyActor"], "frontend"),
+        ("gcs_server", ["/x/gcs_server", "--gcs_server_port=1"], "other"),
+        ("raylet", ["/x/raylet"], "other"),
+        ("ray::ServeReplica:torchserve:ingress", ["ray::ServeReplica:torchserve:ingress"], "other"),
+        ("python3.11", ["/x/python", "-m", "segserve.engines.ray.driver", "plan.json"], "other"),
+    ],
+)
+def test_rays_processes_that_are_no_replica_are_the_frontend_or_the_rest(name, cmdline, role):
+    assert process_role(name, cmdline) == role
