@@ -84,3 +84,31 @@ def test_the_record_names_the_engine_torchserve_where_the_suite_gives_none():
 )
 def test_rays_processes_that_are_no_replica_are_the_frontend_or_the_rest(name, cmdline, role):
     assert process_role(name, cmdline) == role
+
+
+def measured(engine: str | None, rates: list[float], cpu: float, **params) -> dict:
+    record = {"target": "seg", "run_id": f"seg-{engine}", "throughput_rps": sorted(rates)[len(rates) // 2], **params}
+    record |= {"measured_window_throughputs_rps": rates, "server_cpu_ms_per_request": cpu}
+    return record | ({"engine": engine} if engine else {})
+
+
+def test_points_measured_on_both_engines_are_paired_and_the_faster_named_only_where_the_interval_says_so():
+    from segserve.bench.results.engines import engine_rows, engine_verdict
+
+    records = [
+        measured(None, [100, 102, 98, 101], 3.0, concurrency=16),  # before the Ray engine: TorchServe's
+        measured("ray", [150, 149, 152, 151], 2.4, concurrency=16),
+        measured("torchserve", [100, 150, 60, 120], 3.0, concurrency=128),
+        measured("ray", [110, 70, 140, 95], 2.0, concurrency=128),
+        measured("ray", [500, 500, 500], 1.0, concurrency=4),  # no TorchServe point beside it: no row
+    ]
+    rows = engine_rows(records, ["engine", "concurrency"])
+    by_point = {row["point"]: row for row in rows}
+    assert set(by_point) == {"concurrency=16", "concurrency=128"}
+    assert by_point["concurrency=16"]["faster"] == "ray" and by_point["concurrency=16"]["ray_vs_torchserve"] == pytest.approx(1.5, rel=0.03)
+    assert by_point["concurrency=16"]["ray_vs_torchserve_cpu"] == pytest.approx(0.8)
+    assert by_point["concurrency=128"]["faster"] == "neither"  # the windows spread too far
+    assert engine_verdict(rows).startswith("Faster: **ray** on 1 of 2 point(s)")
+    assert engine_verdict([]) is None
+    slower = [measured("torchserve", [200, 201, 199], 1.0), measured("ray", [100, 101, 99], 2.0)]
+    assert engine_verdict(engine_rows(slower, ["engine"])).startswith("Faster: **torchserve** on 1 of 1")

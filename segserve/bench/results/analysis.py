@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from segserve.bench.results.engines import engine_rows
 from segserve.bench.results.shown import Shown, efficiency_notes, no_winner_reason
 from segserve.bench.results.stats import RATIO_TOLERANCE, bootstrap_interval, ratio, ratio_of_medians, uncertainty
 from segserve.bench.suite.columns import METRICS, best, satisfies
@@ -35,10 +36,17 @@ class Analysis:
     # pipelines measured with members but without an efficiency row, and members measured on fewer inputs: why
     efficiency_notes: list[str] = field(default_factory=list)
     no_winner: dict[str, str] = field(default_factory=dict)  # each measured target without a best point: why
+    engines: list[dict] = field(default_factory=list)  # points measured on both engines: Ray ÷ TorchServe (engines.py)
 
 
 def analyse(
-    records: list[dict], constraints: dict, objective: str, bare: list[dict], pipelines: dict[str, Pipeline], objectives: list[str] = ()
+    records: list[dict],
+    constraints: dict,
+    objective: str,
+    bare: list[dict],
+    pipelines: dict[str, Pipeline],
+    objectives: list[str] = (),
+    swept: list[str] = (),  # the parameters the points differ in (plan.swept): engine_rows pairs points on them
 ) -> Analysis:
     targets = list(dict.fromkeys(r.get("target") for r in records))
     winners = {t: best([r for r in records if r.get("target") == t], constraints, objective) for t in targets}
@@ -57,6 +65,7 @@ def analyse(
         side_by_side(winners),
         efficiency_notes(shown, pipelines),
         {t: no_winner_reason(records, t, constraints) for t in targets if winners[t] is None},
+        engine_rows(records, list(swept)),
     )
 
 

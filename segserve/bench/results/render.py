@@ -4,6 +4,7 @@ the terminal summary a run ends with. Reads records and an Analysis; measures no
 import math
 
 from segserve.bench.results.analysis import Analysis
+from segserve.bench.results.engines import engine_verdict
 from segserve.bench.suite.columns import METRICS, satisfies
 from segserve.shown_text import for_markdown, for_terminal
 
@@ -93,6 +94,9 @@ def terminal_summary(records: list[dict], swept: list[str], analysis: Analysis) 
                 f"\n{record['run_id']}: bare forward DISTURBED — other processes took up to {cell(record.get('bare_others_cpu_pct'))}% "
                 "of the machine in too many of its slices; its served ÷ bare ratio is not printed as a number"
             )
+    if analysis.engines:
+        columns = ["target", "point", "torchserve_rps", "ray_rps", "ray_vs_torchserve", "ci_low", "ci_high", "ray_vs_torchserve_cpu"]
+        text += f"\n\nEngines: {engine_verdict(analysis.engines)}\n" + render_table(analysis.engines, columns)
     if analysis.served_vs_bare:
         text += "\n\nServed vs bare forward (best batch size per thread count):\n" + render_table(analysis.served_vs_bare)
     rows = analysis.efficiency

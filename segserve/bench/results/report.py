@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from segserve.bench.results.analysis import Analysis
+from segserve.bench.results.engines import engine_verdict
 from segserve.bench.results.plots import plot_name
 from segserve.bench.results.render import cell, constraint_text, direction, header, render_table, sorted_best_first, status
 from segserve.bench.suite.columns import METRICS
@@ -90,6 +91,7 @@ def write_report(
     params = [p for p in dict.fromkeys(swept) if p != "target"]
     md = _environment_section(suite_name, environment, objective, constraints)
     md += _best_section(analysis, params)
+    md += _engines_section(analysis)
     md += _search_section(search or {}, analysis)
     md += _analysis_sections(analysis)
     for target in analysis.targets:
@@ -131,6 +133,25 @@ def _best_section(analysis: Analysis, params: list[str]) -> list[str]:
             metrics = ", ".join(f"{header(m)} {cell(winner.get(m))}" for m in ("throughput_rps", "latency_p99_ms"))
             lines.append(f"- **{target}**: `{winner.get('run_id')}` ({settings}): {metrics}")
     return lines
+
+
+def _engines_section(analysis: Analysis) -> list[str]:
+    """Points measured on both engines: Ray ÷ TorchServe, and which was faster (engines.py)."""
+    if not analysis.engines:
+        return []
+    return [
+        "",
+        "## Engines: Ray ÷ TorchServe",
+        "",
+        engine_verdict(analysis.engines),
+        "",
+        render_table(analysis.engines),
+        "",
+        "Each point measured on both engines, every other value the same: throughput Ray ÷ TorchServe (the medians of its "
+        "rounds', or of its windows', with a 95% bootstrap interval; `faster` only where the interval excludes 1) and "
+        "server CPU-ms a request (every process of the engine: TorchServe's frontend and workers; HAProxy, Ray's proxy, "
+        "replicas and Ray's own processes).",
+    ]
 
 
 def _analysis_sections(analysis: Analysis) -> list[str]:

@@ -286,11 +286,14 @@ def finish_run(
     """The end of a run, written once for `bench` and `bench collect`: the records analysed (constraints,
     objectives, pipelines' efficiency against `bare`, the bare forward's entries), what the search did (`search`:
     beside the strategy, its budget and counts), and every sink's last word."""
-    analysis = analyse(records, suite.constraint_bounds, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives)
+    swept = planning.swept(points)
+    analysis = analyse(
+        records, suite.constraint_bounds, suite.objective, bare, pipelines(catalog, suite.target_names), suite.objectives, swept
+    )
     space, allowed = search_budget(suite, catalog, points)
     pruned = sum(1 for r in records if r.get("pruned"))
     searched = {"strategy": suite.search.strategy, "budget": allowed, "candidates": space, "measured": len(records), "pruned": pruned}
-    finished = FinishedRun(out_dir, suite, records, planning.swept(points), bare, analysis, env_info, searched | search)
+    finished = FinishedRun(out_dir, suite, records, swept, bare, analysis, env_info, searched | search)
     for sink in sinks:
         sink.finish(finished)
 
