@@ -161,3 +161,14 @@ def test_the_samples_carry_each_pipelines_bounds_and_ratios_but_no_withheld_rati
     # a folder from before pipelines.jsonl: the points' samples only
     (folder / "pipelines.jsonl").unlink()
     assert samples(folder) and not [x for x in samples(folder) if "pipeline" in x.labels]
+
+
+def test_the_engine_labels_a_points_samples_where_it_varies_and_a_ray_pipelines_row(folder):
+    ray = record("seg_jpeg-cccc", 8, 90.0) | {"engine": "ray"}
+    (folder / "runs" / "seg_jpeg-cccc.json").write_text(json.dumps(ray))
+    write_pipelines(folder, [PIPELINE_ROW | {"engine": "ray"}])
+    throughput = {s.labels["run_id"]: s.labels for s in samples(folder) if s.metric == "throughput_rps"}
+    assert throughput["seg_jpeg-cccc"]["engine"] == "ray"
+    assert "engine" not in throughput["seg_jpeg-aaaa"]  # a record from before the Ray engine: TorchServe's, unlabelled
+    pipeline = next(s for s in samples(folder) if s.metric == "pipeline_rps")
+    assert pipeline.labels["engine"] == "ray"

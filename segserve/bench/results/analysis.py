@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from segserve.bench.results.engines import engine_rows
+from segserve.bench.results.engines import engine_of, engine_rows
 from segserve.bench.results.shown import Shown, efficiency_notes, no_winner_reason
 from segserve.bench.results.stats import RATIO_TOLERANCE, bootstrap_interval, ratio, ratio_of_medians, uncertainty
 from segserve.bench.suite.columns import METRICS, best, satisfies
@@ -308,6 +308,11 @@ def served_vs_bare(records: list[dict], constraints: dict, objective: str, bare:
     return rows
 
 
+def _other_engine(member: dict, pipeline: dict) -> str:
+    """` (ray)` after a member's rate where another engine served it than the pipeline's point."""
+    return f" ({engine_of(member)})" if engine_of(member) != engine_of(pipeline) else ""
+
+
 def efficiency(shown: Shown, bare: list[dict], pipelines: dict[str, Pipeline]) -> list[dict]:
     """Each pipeline's best throughput against what its best members allow (shared or disjoint CPUs) and the
     bare model. Members on the same CPUs split each second between them; on disjoint CPUs the slowest sets
@@ -358,7 +363,7 @@ def efficiency(shown: Shown, bare: list[dict], pipelines: dict[str, Pipeline]) -
             "flags": " · ".join(flagged) or None,
             "lost_answers": sum((winner.get("lost_answers") or {}).values()),
             "requests_failed": winner.get("requests_failed"),
-            "members": ", ".join(f"{m} {rps:.1f}" for m, rps in member_rps.items()),
+            "members": ", ".join(f"{m} {rps:.1f}{_other_engine(points[m], winner)}" for m, rps in member_rps.items()),
             **{f"{m}_rps": rps for m, rps in member_rps.items()},
             "fused_rps": (fused or {}).get("throughput_rps"),
             "shared_bound_rps": shared_bound_rps,
@@ -377,6 +382,7 @@ def efficiency(shown: Shown, bare: list[dict], pipelines: dict[str, Pipeline]) -
             "ratio_bare_ci_high": bare_ci[1] if bare_ci else None,
             "bare_batch_size": entry.get("batch_size"),
             "bare_threads": entry.get("threads"),
+            "engine": engine_of(winner),  # what served the pipeline's point (a member's own engine is in `members`)
         }
         for column, note in judged.items():  # a number only within ±15%, else "uncertain (low–high): why"
             row[column] = None if note else row[column]

@@ -30,7 +30,7 @@ from segserve.errors import RuntimeFailure, UsageError
 CLOUDWATCH_BATCH = 500  # metric data per PutMetricData call (the API takes 1000 and 1 MB)
 CLOUDWATCH_UNITS = {"ms": "Milliseconds", "s": "Seconds", "req/s": "Count/Second", "bytes": "Bytes", "MB": "Megabytes"}
 METRICS_OBJECT = "metrics.jsonl"  # S3: every exported sample, one JSON object per line
-PARAM_COLUMNS = ("workers", "batch_size", "max_batch_delay_ms", "concurrency", "request_rate_rps")  # in BASE_COLUMNS
+PARAM_COLUMNS = ("engine", "workers", "batch_size", "max_batch_delay_ms", "concurrency", "request_rate_rps")  # in BASE_COLUMNS
 NODE_METRICS = ("node_ms", "queue_ms", "handler_ms_per_request", "cpu_pct")
 NODE_UNITS = {"node_ms": "Milliseconds", "queue_ms": "Milliseconds", "handler_ms_per_request": "Milliseconds", "cpu_pct": "Percent"}
 # each pipeline's row of the efficiency table (pipelines.jsonl) as metrics: name → (its key in the row, unit, what it
@@ -93,6 +93,8 @@ def pipeline_samples(folder: Path) -> list[Sample]:
     out = []
     for row in read_pipelines(folder):
         labels = {"suite": folder.parent.name, "pipeline": row["pipeline"]}
+        if row.get("engine") not in (None, "torchserve"):  # a TorchServe row keeps the labels it always had
+            labels["engine"] = row["engine"]
         for metric, (key, unit, _) in PIPELINE_METRICS.items():
             value = row.get(key)
             if key.endswith("_uncertain"):  # a reason (text) or None: sent as a flag where the ratio was judged

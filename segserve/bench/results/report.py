@@ -197,7 +197,8 @@ def _analysis_sections(analysis: Analysis) -> list[str]:
         "constraints (a workflow that stalled or lost answers) keeps its row: its best point that answered requests, "
         "`feasible` no, `flags` saying why (stalled, answers lost and where, requests failed, a constraint broken, "
         "disturbed), and no ratio printed as a result from a point that stalled. `lost_answers`: the answers its "
-        "workflow executor never received (*Failed requests*); `fused_rps`: the same DAG fused into one model.",
+        "workflow executor never received (*Failed requests*); `fused_rps`: the same DAG fused into one model; "
+        "`engine`: what served the pipeline's point (a member served by the other engine is marked in `members`).",
     )
     if analysis.efficiency_notes:  # a pipeline without its row, or a member fed fewer inputs: said, not left out
         heading = [] if analysis.efficiency else ["", "## Pipeline efficiency"]
