@@ -78,6 +78,11 @@ def observe(management_url: str, token_file: Path | None) -> ServerView:
     key = management_key(token_file) if token_file else None  # a bad key file is a usage error before any request
     base = _checked(management_url, key is not None)
     status, body = _get(f"{base}/api-description")
+    if status == 400 and b"InvalidKeyException" in body:  # TorchServe answers it before its key check; the Ray engine does not
+        raise UsageError(
+            f"--management {masked(base)}: GET /api-description asks for a key, as the Ray engine's management API does (TorchServe "
+            "never does): audit a Ray engine by its run folder, `segserve audit --run-dir DIR`"
+        )
     if status != 200:
         raise RuntimeFailure(f"--management {masked(base)}: GET /api-description answered {status}: is this TorchServe's management API?")
     version = json.loads(body).get("info", {}).get("version")

@@ -60,7 +60,7 @@ def run(args) -> int:
         fused = known.targets[dag].is_fused
         # the fused pipeline's workers share the budget's cores (the thread rule): from 1 to one a core
         bounds = {dag: Bounds(1, budget)} if fused else dag_bounds(known, dag)
-        server = running_server(args, dag)
+        server = running_server(args, dag, "autoscale")
     if sum(b.min_workers for b in bounds.values()) > budget:
         minimums = ", ".join(f"{model} {b.min_workers}" for model, b in bounds.items())
         raise UsageError(f"--cores: a budget of {budget} worker(s) is below the nodes' {WORKERS_WORKFLOW[0]} ({minimums})")
@@ -92,7 +92,7 @@ def foreign_workflow(args, budget: int):
         archive = read_archive(Path(args.war).stem, args.war, None)
     name = args.workflow or archive.name
     try:
-        server = running_server(args, name)
+        server = running_server(args, name, "autoscale")
     except RuntimeFailure:
         raise RuntimeFailure(
             f"no TorchServe runs from {Path(args.run_dir).resolve()}: start one with `segserve serve --run-dir {args.run_dir}`, then "

@@ -40,7 +40,7 @@ def run(args) -> int:
     from segserve.autoscale.loop import last_decisions
     from segserve.serving.cores import live_affinity
 
-    server = running_server(args, DEFAULT_DAG)
+    server = running_server(args, DEFAULT_DAG, "pin --show")
     rows = live_affinity(server)
     print(f"{'model':24s} {'pid':>8s}  cpus")
     for row in rows:

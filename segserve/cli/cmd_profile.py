@@ -26,7 +26,7 @@ def run(args) -> int:
     if args.seconds <= 0 or args.connections < 0 or args.rate <= 0:
         raise UsageError("--seconds and --rate must be positive and --connections ≥ 0")
     target = catalog().target(args.target)
-    server = running_server(args, target.name)
+    server = running_server(args, target.name, "profile")
     bodies = [path.read_bytes() for path in image_files(args.images)] if args.connections else []
     summary = profile(server, target, server.run_dir, args.seconds, Path(args.out), bodies, args.connections, args.rate)
     print((Path(summary["folder"]) / "report.md").read_text())

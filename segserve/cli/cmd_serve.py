@@ -24,6 +24,13 @@ def add_parser(sub, common) -> None:
         choices=RAY_PROXIES,
         help=f"--engine ray: Serve's HTTP front (default: {RAY_PROXY_DEFAULT}, stats and metrics on loopback; default: Serve's proxy)",
     )
+    p.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="--engine ray: deploy onto this running Ray cluster (its GCS; run on one of its nodes; docs/ray.md) instead of a local Ray",
+    )
+    p.add_argument("--ray-shared-dir", help="--ray-address: a folder every node mounts at the same path, holding the model store")
+    p.add_argument("--ray-allow-no-auth", action="store_true", help="--ray-address: deploy even onto a cluster with Ray's token auth off")
     p.add_argument("--stop", action="store_true", help="stop the server started from --run-dir")
     p.add_argument("--core-plan", help="a core plan YAML: frontend cores and per-model core slots (docs/workers-and-cores.md)")
     p.add_argument("--port-base", type=int, help="HTTP APIs on N, N+1, N+2, gRPC on N+3, N+4 (default: config.properties)")
@@ -41,6 +48,11 @@ def run(args) -> int:
     args.engine = args.engine or (None if args.stop else DEFAULT_ENGINE)
     if getattr(args, "ray_proxy", None) and args.engine != "ray":
         raise UsageError("--ray-proxy chooses the Ray engine's HTTP front: add --engine ray")
+    if not args.stop:  # a running Ray cluster to deploy onto; --stop: the one recorded in --run-dir
+        from segserve.engines.ray.cluster import from_options
+
+        given = (getattr(args, name, None) for name in ("ray_address", "ray_shared_dir", "ray_allow_no_auth"))
+        args.ray_cluster = from_options(*given)
     server = server_from(args)
     if args.stop:
         stopped = server.stop()

@@ -36,16 +36,22 @@ def server_from(args):
         port_base=getattr(args, "port_base", None),
         core_plan=Path(args.core_plan) if getattr(args, "core_plan", None) else None,
         ray_proxy=getattr(args, "ray_proxy", None),
+        ray_cluster=getattr(args, "ray_cluster", None),  # serve --ray-address (cmd_serve.py)
     )
 
 
-def running_server(args, targets: str):
-    """The server of --run-dir, or one line saying how to start it (commands that work on a live server)."""
+def running_server(args, targets: str, command: str):
+    """The server of --run-dir, or one line saying how to start it (commands that work on a live server), or why
+    `command` does not act on its engine (engine_interface.refuse_command)."""
+    from segserve.engines.engine_interface import DEFAULT_ENGINE, refuse_command
     from segserve.serving import processes
 
     server = server_from(args)
+    refuse_command(server, command)
     if not server.config_path.exists() or not processes.server_processes(server.run_dir):
-        raise RuntimeFailure(f"no TorchServe runs from {server.run_dir}: start it with `segserve serve --targets {targets}`")
+        engine = "" if server.engine == DEFAULT_ENGINE else f" --engine {server.engine}"
+        title = server.title.removeprefix("the ")  # "no Ray engine runs from", "no TorchServe runs from"
+        raise RuntimeFailure(f"no {title} runs from {server.run_dir}: start it with `segserve serve{engine} --targets {targets}`")
     return server
 
 

@@ -6,9 +6,10 @@ TorchServe's, as every run folder before the Ray engine was).
 
 Both speak TorchServe's management API over HTTP (ManagementClient: register, scale, describe, unregister, through
 the management address and key), so the interface is small: start and stop, the addresses and keys, the archives'
-registration, and which catalog targets an engine cannot serve yet.
+registration, which catalog targets an engine cannot serve yet, and which segserve commands it refuses.
 """
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +26,9 @@ class Engine(Protocol):
     title: str  # as a sentence names it: "TorchServe", "the Ray engine"
     run_dir: Path
     model_store: Path | None
+    # segserve commands that read what only another engine has (its processes, logs, metrics), each with why:
+    # "pin --show" → "shows ...". TorchServe: none; the Ray engine: segserve/engines/ray/commands.py
+    refused_commands: Mapping[str, str]
 
     def start(self, startup_timeout_s: float = ..., log=print): ...
 
@@ -65,6 +69,12 @@ def recorded(run_dir: Path) -> str:
     return name if name in ENGINES else DEFAULT_ENGINE
 
 
+def refuse_command(engine: Engine, command: str) -> None:
+    """One line naming the command and why, where `command` reads what this engine does not have."""
+    if why := engine.refused_commands.get(command):
+        raise UsageError(f"segserve {command} {why}: not on {engine.title} of {engine.run_dir} (docs/ray.md)")
+
+
 def record(engine: Engine) -> None:
     """Write which engine serves from its run folder (before it starts: `serve --stop` finds a half-started one)."""
     engine.run_dir.mkdir(parents=True, exist_ok=True)
@@ -85,10 +95,14 @@ def open_engine(
     port_base: int | None = None,
     core_plan: Path | None = None,
     ray_proxy: str | None = None,
+    ray_cluster=None,
 ) -> Engine:
-    """The engine `name` (None: the one recorded in run_dir) for these server options; TorchServe-only options
-    refused by name on another engine."""
-    name = name or recorded(run_dir)
+    """The engine `name` (None: the one recorded in run_dir, with the Ray cluster it was deployed onto) for these
+    server options; TorchServe-only options refused by name on another engine. `ray_cluster`: a running Ray
+    cluster to deploy onto (engines/ray/cluster.py's Cluster, `serve --ray-address`)."""
+    from_record, name = name is None, name or recorded(run_dir)
+    if ray_cluster is not None and name != "ray":
+        raise UsageError("--ray-address deploys the Ray engine onto a running Ray cluster: add --engine ray")
     if name == "torchserve":
         from segserve.serving.server import TorchServe
 
@@ -96,8 +110,13 @@ def open_engine(
     if name == "ray":
         if core_plan is not None:
             raise UsageError("--core-plan pins TorchServe's frontend and workers: not on the Ray engine (docs/ray.md)")
+        from segserve.engines.ray import cluster
         from segserve.engines.ray.engine import RayServe
 
-        haproxy = (ray_proxy or RAY_PROXY_DEFAULT) == "haproxy"
-        return RayServe(run_dir=run_dir, model_store=model_store, config_template=config, port_base=port_base, haproxy=haproxy)
+        if from_record:
+            ray_cluster = cluster.recorded(run_dir)
+        # on a cluster, HAProxy mode is each node's own setting (docs/ray.md): Serve's proxy unless asked otherwise
+        haproxy = (ray_proxy or ("default" if ray_cluster else RAY_PROXY_DEFAULT)) == "haproxy"
+        options = {"model_store": model_store, "config_template": config, "port_base": port_base, "haproxy": haproxy}
+        return RayServe(run_dir=run_dir, cluster=ray_cluster, **options)
     raise UsageError(f"unknown engine {name!r}: one of {', '.join(ENGINES)}")

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from urllib.parse import urlsplit
 
 from segserve.archives.build import tool
@@ -123,6 +124,7 @@ class TorchServe(ManagementClient):
     # the engine interface's (segserve/engines/engine_interface.py): its name and how a sentence names it
     engine = "torchserve"
     title = "TorchServe"
+    refused_commands = MappingProxyType({})  # every segserve command acts on a TorchServe
 
     def refusal(self, target, autoscale: bool = False) -> str | None:
         """Why it cannot serve a catalog target (the engine interface's): TorchServe serves every kind."""

@@ -2,7 +2,8 @@
 API on its own port: a .mar registered (POST /models?url=), predicted, scaled to two workers under concurrent
 requests with none lost and the first replica kept (Serve's update in place), described with both workers, removed,
 every listener on loopback or refusing a request without a key (exposure.py; Ray's own metrics exporters reported
-apart), and nothing left running after the stop. About 25 s on 2 cores (docs/ray.md); the answers' shapes are unit-tested
+apart) and `segserve audit --run-dir` reporting those exporters alone, `audit --management` and `pin --show` refused
+by name, and nothing left running after the stop. About 25 s on 2 cores (docs/ray.md); the answers' shapes are unit-tested
 against a real TorchServe's (tests/unit/test_ray_management.py)."""
 
 import json
@@ -72,6 +73,15 @@ def test_serve_register_predict_scale_under_load_describe_delete_and_stop(tmp_pa
         # every listener of the engine on loopback, or refusing a keyless request (Ray's own exporters apart)
         found = exposure(engine.process_ids())
         assert not found.get("open"), found.get("open")
+        # `segserve audit --run-dir`: the Ray engine's rules; only Ray's own open exporters reported (Low, exit 0)
+        assert main(["audit", "--run-dir", str(run_dir), "--json"]) == 0
+        audited = json.loads(capsys.readouterr().out)
+        assert (audited["models"], [f["key"] for f in audited["findings"]]) == (["echo"], ["ray_metrics"]), audited
+        # `audit --management` of its management API and `pin --show`: refused by name (exit 2)
+        assert main(["audit", str(ROOT / "config.properties"), "--management", engine.url("management")]) == 2
+        assert "as the Ray engine's management API does" in capsys.readouterr().err
+        assert main(["pin", "--show", *common]) == 2
+        assert "segserve pin --show shows the CPU affinity of TorchServe's frontend" in capsys.readouterr().err
         engine.unregister("models", "echo")
         gone = request(engine.url("inference"), "POST", "/predictions/echo", engine.token("inference"), b"x")
         assert (gone.status, gone.json()["type"]) == (404, "ModelNotFoundException")

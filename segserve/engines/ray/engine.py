@@ -17,6 +17,13 @@ Modes: Serve's default proxy, or `haproxy=True`: RAY_SERVE_ENABLE_HA_PROXY=1 and
 fixed /tmp/haproxy-serve/ paths (two engines would share them), and its stats and metrics ports are free ports of
 127.0.0.1: Ray 2.60's template binds both to all interfaces, unauthenticated, and haproxy_loopback.py, run as
 HAProxy's binary (RAY_SERVE_HAPROXY_BINARY_PATH), moves them (docs/security.md).
+
+On a user's running cluster (`cluster` set: `serve --ray-address`, cluster.py): the driver joins it instead of
+starting a Ray (so the driver's session holds the driver alone and no process of the cluster is ever ours to end),
+Serve's proxies listen on every node at the inference port (one `http_options.host` for all nodes: 0.0.0.0, every
+request key-checked), the key file and the replicas' extracted archives live in a folder of this engine's in the
+shared folder (the run folder's key_file.json a link to it), and stop() has the driver delete our applications
+only: the cluster and Serve's controller and proxies keep running.
 """
 
 import json
@@ -33,6 +40,8 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from segserve.engines.ray import cluster as clusters
+from segserve.engines.ray.commands import REFUSED_COMMANDS
 from segserve.engines.ray.management_api import Defaults
 from segserve.engines.ray.torchserve_api import new_keys
 from segserve.engines.ray.write import write_private
@@ -111,9 +120,11 @@ class RayServe(ManagementClient):
     # a user's archive: of the caller's environment only these names and a scratch HOME (server.archive_environment),
     # as a TorchServe for a user's archive has it; None: segserve's whole environment
     worker_env: tuple[str, ...] | None = None
+    cluster: clusters.Cluster | None = None  # a user's running Ray cluster to deploy onto (None: a local Ray of its own)
 
     engine = "ray"
     title = "the Ray engine"
+    refused_commands = REFUSED_COMMANDS  # segserve commands that need TorchServe itself (commands.py)
 
     @property
     def config_path(self) -> Path:
@@ -123,6 +134,11 @@ class RayServe(ManagementClient):
     @property
     def temp_dir_file(self) -> Path:
         return self.run_dir / "ray_temp_dir"
+
+    @property
+    def shared_work_file(self) -> Path:
+        """Names this engine's folder in the cluster's shared folder (its key file, the replicas' archives)."""
+        return self.run_dir / "ray_shared_work"
 
     @property
     def driver_pid_file(self) -> Path:
@@ -169,9 +185,21 @@ class RayServe(ManagementClient):
             raise RuntimeFailure(f"a Ray engine runs from {self.run_dir}: stop it first (`segserve serve --stop --run-dir {self.run_dir}`)")
         began = time.monotonic()
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.cluster:  # a local Ray now: the run folder's earlier cluster is not this engine's
+            (self.run_dir / clusters.CLUSTER_FILE).unlink(missing_ok=True)
         settings = self._settings()
         if ignored := [key for key in TORCHSERVE_ONLY_KEYS if key in settings]:
             log(f"{self.config_template}: {', '.join(ignored)}: TorchServe's own (its JVM, netty, gRPC), not used by the Ray engine")
+        if self.cluster:  # every refusal before anything starts
+            if self.haproxy:
+                raise UsageError(
+                    "--ray-address: HAProxy mode is set by each node's environment at `ray start`, the cluster's own: Serve's proxy"
+                    " serves here (leave out --ray-proxy, or give --ray-proxy default)"
+                )
+            archives = [Path(self.model_store or "."), *(Path(m.archive) for m in self.initial_models)]
+            if outside := clusters.outside_shared(self.cluster, archives):
+                raise UsageError(outside)
+            self._cluster_auth = clusters.driver_environment(self.cluster, dict(os.environ), Path.home())
         host, self.port, self.management_port = self._addresses(settings)
         self._host = host
         for port in (self.port, self.management_port):
@@ -184,7 +212,17 @@ class RayServe(ManagementClient):
         temp_dir = Path(tempfile.mkdtemp(prefix="segray-", dir=RAY_TEMP_ROOT))
         self.temp_dir_file.write_text(str(temp_dir))
         expiry_min = float(settings.get("token_expiration_min", 60))
-        write_private(self.key_file, json.dumps(new_keys(expiry_min), indent=2))
+        key_file, folder = self.key_file, temp_dir
+        if self.cluster:  # what a replica on any node reads: in the shared folder
+            self.cluster.save(self.run_dir)
+            work = Path(tempfile.mkdtemp(prefix=".segserve-ray-", dir=self.cluster.shared_dir))
+            self.shared_work_file.write_text(str(work))
+            key_file, folder = work / "key_file.json", work / "replicas"
+            folder.mkdir()
+        write_private(key_file, json.dumps(new_keys(expiry_min), indent=2))
+        if key_file != self.key_file:  # `segserve token`, best/register.sh: the run folder's, as on one machine
+            self.key_file.unlink(missing_ok=True)
+            self.key_file.symlink_to(key_file)
         write_private(self.run_dir / "ray_auth_token", secrets.token_hex(32))
         ready = self.run_dir / "ray_ready.json"
         ready.unlink(missing_ok=True)
@@ -199,11 +237,14 @@ class RayServe(ManagementClient):
             "host": host,
             "port": self.port,
             "management_port": self.management_port,
-            "key_file": str(self.key_file),
+            "key_file": str(key_file),
             "expiry_min": expiry_min,
             "model_store": str(Path(self.model_store).resolve()) if self.model_store else None,
             "defaults": asdict(defaults),
-            "folder": str(temp_dir),
+            "folder": str(folder),
+            "address": self.cluster.address if self.cluster else None,
+            # Serve's one host for every node's proxy: the cluster's other nodes have none of this one's addresses
+            "http_host": "0.0.0.0" if self.cluster else host,
             "temp_dir": str(temp_dir),
             "ready": str(ready),
             "num_cpus": self.num_cpus,
@@ -243,6 +284,9 @@ class RayServe(ManagementClient):
         }
         env.pop("RAY_AUTH_TOKEN", None)  # one of the caller's would win over the path
         env.pop("RAY_ADDRESS", None)  # a new local Ray, never a cluster the caller's environment names
+        if self.cluster:  # the cluster's token, where the user keeps it (cluster.driver_environment)
+            env.pop("RAY_AUTH_TOKEN_PATH")
+            return env | self._cluster_auth
         return env | (haproxy_env(temp_dir, self._host, frozenset({self.port, self.management_port})) if self.haproxy else {})
 
     def _wait_until_up(self, driver: subprocess.Popen, ready: Path, startup_timeout_s: float) -> None:
@@ -285,13 +329,17 @@ class RayServe(ManagementClient):
     def stop(self, timeout_s: float = 20) -> str:
         """The driver asked to shut Ray down (SIGTERM, up to timeout_s), then every process of the engine still
         alive ended by pid (SIGTERM, then SIGKILL after 5 s); Ray's temp folder removed. What was stopped, or ""
-        when nothing ran."""
+        when nothing ran. On a cluster the driver deletes our applications instead (a driver that is gone: a new
+        one does it) and the cluster keeps running."""
         found = self.engine_processes()
         stopped = f"{len(found)} processes of the Ray engine ({', '.join(sorted({_name(p) for p in found}))})" if found else ""
         driver = next((p for p in found if "segserve.engines.ray.driver" in " ".join(_cmdline(p))), None)
         if driver is not None:
             driver.terminate()
-            psutil.wait_procs([driver], timeout=timeout_s)
+            # on a cluster: until Serve has deleted our applications (their replicas finish what they hold)
+            psutil.wait_procs([driver], timeout=timeout_s * 3 if self.cluster else timeout_s)
+        elif self.cluster and self.driver_pid_file.exists():  # the driver died: its applications are still deployed
+            stopped = self._delete_applications()
         for send in (psutil.Process.terminate, psutil.Process.kill):
             left = self.engine_processes()
             for process in left:
@@ -306,9 +354,25 @@ class RayServe(ManagementClient):
             shutil.rmtree(self.temp_dir_file.read_text().strip(), ignore_errors=True)
             self.temp_dir_file.unlink()
         self.driver_pid_file.unlink(missing_ok=True)
+        if self.shared_work_file.exists():  # the key file and the replicas' archives in the cluster's shared folder
+            shutil.rmtree(self.shared_work_file.read_text().strip(), ignore_errors=True)
+            self.shared_work_file.unlink()
+            if self.key_file.is_symlink():
+                self.key_file.unlink()
         if self.worker_env is not None:  # its processes are gone: what they kept in their HOME goes too
             shutil.rmtree(self.archive_home, ignore_errors=True)
         return stopped
+
+    def _delete_applications(self) -> str:
+        """Our applications deleted from the cluster by a driver of its own (driver.py's `delete`)."""
+        self._cluster_auth = clusters.driver_environment(self.cluster, dict(os.environ), Path.home())
+        env = self._environment(Path(self.temp_dir_file.read_text().strip()) if self.temp_dir_file.exists() else RAY_TEMP_ROOT)
+        command = [sys.executable, "-m", "segserve.engines.ray.driver", "--delete", str(self.run_dir / "ray_plan.json")]
+        with open(self.driver_log, "ab") as out:
+            done = subprocess.run(command, env=env, stdout=out, stderr=out, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeFailure(f"could not delete our applications from the cluster at {self.cluster.address}:\n{self.log_tail()}")
+        return f"the engine's applications on the Ray cluster at {self.cluster.address} (its driver was gone)"
 
     def process_groups(self, models: tuple[str, ...]) -> dict[str, list[int]]:
         """Ray's processes by role, as bench/run/measure.py's process_groups gives TorchServe's: each replica of

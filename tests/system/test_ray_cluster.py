@@ -1,0 +1,128 @@
+"""The Ray engine on a cluster across hosts, one worker node lost under load (#67): a head and two worker nodes, each
+`ray start` in a network namespace of its own joined by a bridge (segserve/qa/ray_cluster.py), token auth on.
+`segserve serve --engine ray --ray-address` runs on the head node (inside its namespace, as a user runs it on the
+head), an echo .mar from the shared folder gets 4 replicas spread over the nodes, 16 connections load the head's
+ingress for 40 s, and the worker node holding the most replicas is killed (its raylet and workers, by pid) after
+12 s. Every request gets an answer within the client's 30 s, at least 95 % are 2xx, the replicas are back within
+30 s, a request afterwards answers 200, and `serve --stop` leaves the cluster running without our applications.
+make test-long (about 2 minutes on 2 cores; root and `ip netns`)."""
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from segserve.qa.ray_cluster import RayCluster, closed_loop, outcome
+from segserve.serving.http import request
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.long
+ECHO = ROOT / "tests" / "integration" / "data" / "ray_echo" / "echo_handler.py"
+REPLICAS = 4
+CONNECTIONS, LOAD_S, KILL_AFTER_S, CLIENT_TIMEOUT_S, RECOVERY_S = 16, 40, 12, 30, 30
+APPS = "print(sorted(serve.status().applications))"  # the cluster's Serve applications, from a driver of its own
+
+
+@pytest.fixture
+def cluster():
+    if reason := RayCluster.unavailable():
+        pytest.skip(f"a Ray cluster across namespaces: {reason}")
+    with RayCluster(workers=2) as made:
+        yield made
+
+
+def segserve(*args: str, namespace: str | None = None, env=None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "segserve.cli", *args]
+    if namespace:
+        command = ["ip", "netns", "exec", namespace, *command]
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def replicas_by_node(cluster: RayCluster, engine) -> dict[str, int]:
+    pids = {int(w["pid"]) for w in engine.describe("echo")["workers"] if w["status"] == "READY"}
+    return {node: len(pids & set(cluster.pids(node))) for node in cluster.layout.nodes}
+
+
+def test_a_worker_node_lost_under_load_every_request_is_answered_and_the_replicas_come_back(cluster, tmp_path):
+    from segserve.engines.engine_interface import open_engine
+
+    shared, run = tmp_path / "shared", tmp_path / "run"
+    store = shared / "store"
+    store.mkdir(parents=True)
+    archiver = [str(Path(sys.executable).with_name("torch-model-archiver")), "--model-name", "echo", "--version", "1.0"]
+    subprocess.run([*archiver, "--handler", str(ECHO), "--export-path", str(store)], check=True, capture_output=True)
+    head = cluster.layout.address("head")
+    config = tmp_path / "config.properties"  # the head's address: this host reaches it over the bridge
+    config.write_text(f"inference_address=http://{head}:8080\nmanagement_address=http://{head}:8081\n")
+    options = ["--config", str(config), "--run-dir", str(run)]
+    started = segserve(
+        *("serve", "--engine", "ray", "--ray-address", cluster.layout.gcs_address, "--ray-shared-dir", str(shared)),
+        *("--model-store", str(store), "--no-targets", *options),
+        namespace=cluster.layout.namespace("head"),
+        env=cluster.environment,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    engine = open_engine(None, run, store, config)  # what `token`, `scale`, `predict` get: the recorded cluster
+    try:
+        assert engine.cluster.address == cluster.layout.gcs_address
+        engine.register_model("echo.mar", "echo", workers=REPLICAS, log=lambda *_: None)
+        placed = replicas_by_node(cluster, engine)
+        assert sum(placed.values()) == REPLICAS and sum(1 for n in placed.values() if n) >= 2, placed  # spread
+        lost = max(cluster.layout.nodes[1:], key=placed.get)
+        assert placed[lost], placed
+
+        killed: dict = {}
+
+        def kill_then_watch() -> None:
+            time.sleep(KILL_AFTER_S)
+            killed["at"] = time.monotonic()
+            killed["pids"] = cluster.kill_node(lost)
+            while time.monotonic() - killed["at"] < LOAD_S:
+                try:
+                    now = replicas_by_node(cluster, engine)
+                except OSError:
+                    now = {}
+                if sum(now.values()) == REPLICAS and not now.get(lost):
+                    killed["recovered_s"] = time.monotonic() - killed["at"]
+                    killed["placed_after"] = now
+                    return
+                time.sleep(0.5)
+
+        watcher = threading.Thread(target=kill_then_watch)
+        watcher.start()
+        sent = closed_loop(engine.url("inference"), "/predictions/echo", engine.token("inference"), b"x" * 1024, CONNECTIONS, LOAD_S)
+        watcher.join()
+        seen = outcome(sent, CLIENT_TIMEOUT_S)
+        after = request(engine.url("inference"), "POST", "/predictions/echo", token=engine.token("inference"), body=b"after", timeout_s=30)
+        in_flight = [s for s in sent if s.began_s <= killed["at"] <= s.ended_s]
+        print(
+            f"\n{cluster.layout.nodes}: replicas {placed}; {lost} killed ({len(killed['pids'])} processes) at {KILL_AFTER_S} s;"
+            f" {len(in_flight)} requests in flight then; load {seen};"
+            f" replicas back after {killed.get('recovered_s', float('nan')):.1f} s ({killed.get('placed_after')}); after: {after.status}"
+        )
+        assert killed["pids"]
+        assert seen["unanswered"] == 0 and seen["slowest_s"] < CLIENT_TIMEOUT_S, seen
+        assert seen["ok_share"] >= 0.95, seen
+        assert killed.get("recovered_s", RECOVERY_S + 1) <= RECOVERY_S, killed
+        assert after.status == 200, after.body
+    finally:
+        stopped = segserve("serve", "--stop", *options, env=cluster.environment)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert not engine.process_ids() and not list(shared.glob(".segserve-ray-*"))  # the driver gone, its shared folder too
+    alive = cluster.alive_nodes()  # the user's cluster keeps running, without our applications
+    assert cluster.layout.address("head") in alive and len(alive) == 2, alive
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import ray; from ray import serve; ray.init(address='{cluster.layout.gcs_address}'); {APPS}",
+        ],
+        env=cluster.environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0 and listed.stdout.strip().splitlines()[-1] == "[]", listed.stdout + listed.stderr
