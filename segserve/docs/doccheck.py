@@ -108,6 +108,16 @@ RULES: list[tuple[str, str, str]] = [
         "tests/unit/test_manifests.py::test_the_inference_service_round_trips_through_kserves_models",
     ),
     (
+        r"^kubectl apply -f \S+/best/rayservice\.yaml",
+        "test",
+        "tests/unit/test_rayservice.py::test_the_rayservice_passes_kuberays_crd_and_a_broken_one_is_refused_naming_the_field",
+    ),
+    (
+        r"^python3 -c 'import json, secrets; |^kubectl create secret generic \S+-(inference-key|ray-token) ",
+        "test",
+        "tests/unit/test_rayservice.py::test_the_documented_secrets_are_a_key_file_the_replicas_read_and_the_token_kuberay_reads",
+    ),
+    (
         r"^kubectl exec deploy/\S+ -c torchserve -- python3 -c ",
         "test",
         "tests/unit/test_manifest_access.py::test_the_documented_command_prints_the_inference_key_and_nothing_else",

@@ -112,3 +112,23 @@ def test_points_measured_on_both_engines_are_paired_and_the_faster_named_only_wh
     assert engine_verdict([]) is None
     slower = [measured("torchserve", [200, 201, 199], 1.0), measured("ray", [100, 101, 99], 2.0)]
     assert engine_verdict(engine_rows(slower, ["engine"])).startswith("Faster: **torchserve** on 1 of 1")
+
+
+def test_best_names_the_engine_its_point_was_measured_on_and_how_to_serve_it(tmp_path):
+    from types import SimpleNamespace
+
+    from segserve.bench.results.analysis import analyse
+    from segserve.bench.run.targets.best import Best
+
+    for engine, says in (("ray", "segserve serve --engine ray --config best/config.properties"), (None, "Engine: TorchServe")):
+        record = {"run_id": "fused-1", "target": "seg_jpeg_fused", "throughput_rps": 60.0, "workers": 1, "requests_failed": 0}
+        record |= {"engine": engine} if engine else {}
+        run = SimpleNamespace(
+            analysis=analyse([record], {}, "throughput_rps", [], {}),
+            out_dir=(tmp_path / str(engine)),
+            environment={},
+            suite=SimpleNamespace(core_plan=None, archive_worker_env=()),
+        )
+        run.out_dir.mkdir()
+        Best(CATALOG, lambda _: None).finish(run)
+        assert says in (tmp_path / str(engine) / "best" / "config.properties").read_text()

@@ -154,11 +154,13 @@ def test_a_metrics_namespace_that_is_no_namespace_name_writes_no_manifest(tmp_pa
     monkeypatch.setenv(pods.METRICS_NAMESPACE_ENV, "Monitoring Stack")
     said = []
     best = finish_best(tmp_path, ForeignArchive("tiny", write_mar(tmp_path / "tiny.mar"), tmp_path), record(), log=said.append)
-    assert not (best / "k8s.yaml").exists() and not (best / "kserve.yaml").exists()
-    problem = (
-        "NetworkPolicy/tiny: ingress[1]: a namespaceSelector must name one namespace (kubernetes.io/metadata.name), not 'Monitoring Stack'"
-    )
-    assert said == [f"best/k8s.yaml not written: {problem}", f"best/kserve.yaml not written: {problem}"]
+    assert not (best / "k8s.yaml").exists() and not (best / "kserve.yaml").exists() and not (best / "rayservice.yaml").exists()
+    problem = "ingress[1]: a namespaceSelector must name one namespace (kubernetes.io/metadata.name), not 'Monitoring Stack'"
+    assert said == [
+        f"best/k8s.yaml not written: NetworkPolicy/tiny: {problem}",
+        f"best/rayservice.yaml not written: NetworkPolicy/tiny-ray: {problem}",
+        f"best/kserve.yaml not written: NetworkPolicy/tiny: {problem}",
+    ]
 
 
 def key_file(path, expires_in_s: float, inference: str = "old-inference") -> None:

@@ -229,7 +229,8 @@ def test_a_pod_that_breaks_the_restricted_profile_is_not_written_and_the_rest_of
     said = []
     best = finish_best(tmp_path, ForeignArchive("tiny", write_mar(tmp_path / "tiny.mar"), tmp_path), record(), log=said.append)
     assert not (best / "k8s.yaml").exists() and (best / "register.sh").is_file() and (best / "config.properties").is_file()
-    assert said == [
+    assert not (best / "rayservice.yaml").exists()  # its pods share the rule (pods.container_security)
+    assert [line for line in said if line.startswith("best/k8s.yaml")] == [
         f"best/k8s.yaml not written: Deployment/tiny: {field} {name}: securityContext.readOnlyRootFilesystem: must be true "
         "(emptyDir volumes where it writes)"
         for field, name in (("initContainers", "archives"), ("containers", "torchserve"))

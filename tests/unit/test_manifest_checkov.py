@@ -1,6 +1,7 @@
 """checkov (PyPI, Bridgecrew's Kubernetes checks) as a second opinion on best/k8s.yaml (#58): of a model, a workflow
-and a fused .war, run once for the module (offline: BC_SKIP_MAPPING, --skip-download). Every check it fails is one
-docs/deploying.md lists with its reason; with images named by digest, the digest check passes."""
+and a fused .war, and on best/rayservice.yaml's head and worker pod templates taken out as Deployments (#67: checkov
+does not look inside a custom resource), run once for the module (offline: BC_SKIP_MAPPING, --skip-download). Every
+check it fails is one docs/deploying.md lists with its reason; with images named by digest, the digest check passes."""
 
 import json
 import os
@@ -9,9 +10,10 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from segserve.archives.foreign import ForeignArchive
-from segserve.bench.results import manifests, pods
+from segserve.bench.results import manifests, pods, rayservice
 from tests.conftest import ROOT
 from tests.unit.test_manifests import finish_best, record, write_mar
 
@@ -26,10 +28,12 @@ def checkov() -> str:
     return found
 
 
-def documented() -> dict[str, str]:
-    """The checks docs/deploying.md says best/k8s.yaml fails, with the reason: `| CKV_K8S_21 | … | reason |` rows."""
-    text = (ROOT / "docs" / "deploying.md").read_text()
-    return dict(re.findall(r"^\| `(CKV2?_K8S_\d+)` \| [^|]+ \| ([^|]+) \|$", text, re.MULTILINE))
+def documented(heading: str = "### checkov's second opinion") -> dict[str, str]:
+    """The checks docs/deploying.md says a manifest fails, with the reason: the `| CKV_K8S_21 | … | reason |` rows of
+    the section under `heading` (best/k8s.yaml's, else best/rayservice.yaml's)."""
+    section = (ROOT / "docs" / "deploying.md").read_text().split(heading + "\n", 1)[1]
+    section = re.split(r"^#", section, maxsplit=1, flags=re.MULTILINE)[0]
+    return dict(re.findall(r"^\| `(CKV2?_K8S_\d+)` \| [^|]+ \| ([^|]+) \|$", section, re.MULTILINE))
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,14 @@ def failed(tmp_path_factory) -> dict[str, set[str]]:
         flow = ForeignArchive("seed_flow", folder / "seed_flow.war", folder, spec, "spec.yaml")
         finish_best(folder, flow, chosen, fuse=lambda war, store, out, log, **_: write_mar(out))
         files["fused"] = folder / "results" / "best" / "fused" / "k8s.yaml"
+        # best/rayservice.yaml's head and worker pod templates as Deployments, with its NetworkPolicies (images by digest)
+        env.setenv(rayservice.IMAGE_ENV, f"segserve/ray@{DIGEST}")
+        folder = tmp_path_factory.mktemp("ray")
+        point = record(engine="ray", latency_p99_ms=90.0, latency_mean_ms=50.0, server_cpu_ms_per_request=20.0)
+        written = finish_best(folder, ForeignArchive("tiny", write_mar(folder / "tiny.mar"), folder), point) / "rayservice.yaml"
+        service, *policies = yaml.safe_load_all(written.read_text())
+        files["rayservice"] = folder / "rayservice-pods.yaml"
+        files["rayservice"].write_text(yaml.safe_dump_all(rayservice.pod_templates(service) + policies))
     command = [checkov(), "--framework", "kubernetes", "--skip-download", "-o", "json"]
     for path in files.values():
         command += ["-f", str(path)]
@@ -66,6 +78,7 @@ def failed(tmp_path_factory) -> dict[str, set[str]]:
 
 
 def test_every_check_checkov_fails_on_best_k8s_yaml_is_listed_in_docs_deploying_md_with_its_reason(failed):
+    failed = {kind: checks for kind, checks in failed.items() if kind != "rayservice"}
     listed = documented()
     assert listed and all(reason.strip() for reason in listed.values())
     for kind, checks in failed.items():
@@ -78,3 +91,11 @@ def test_with_images_named_by_digest_checkovs_digest_check_passes_and_the_restri
     restricted = {"CKV_K8S_20", "CKV_K8S_22", "CKV_K8S_23", "CKV_K8S_28", "CKV_K8S_29", "CKV_K8S_30", "CKV_K8S_31", "CKV_K8S_37"}
     restricted |= {"CKV_K8S_10", "CKV_K8S_11", "CKV_K8S_12", "CKV_K8S_13", "CKV_K8S_35", "CKV_K8S_38", "CKV2_K8S_6"}
     assert all(not (checks & restricted) for checks in failed.values()), failed
+
+
+def test_every_check_checkov_fails_on_the_rayservices_pods_is_listed_in_docs_deploying_md_with_its_reason(failed):
+    listed = documented("### checkov on the RayService's pods")
+    assert listed and all(reason.strip() for reason in listed.values())
+    assert failed["rayservice"] == set(listed), f"checkov fails {sorted(failed['rayservice'])}; docs/deploying.md lists {sorted(listed)}"
+    restricted = {"CKV_K8S_20", "CKV_K8S_22", "CKV_K8S_23", "CKV_K8S_28", "CKV_K8S_30", "CKV_K8S_37", "CKV_K8S_38", "CKV2_K8S_6"}
+    assert not failed["rayservice"] & restricted

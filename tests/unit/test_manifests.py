@@ -90,8 +90,11 @@ def record(**values) -> dict:
     return {**base, "environment": environment, **values}
 
 
-def finish_best(tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None, log=print, fuse=None, worker_env=()) -> Path:
-    """The Best sink as a suite's end runs it, on a catalog holding only this archive target (its suite's worker_env)."""
+def finish_best(
+    tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None, log=print, fuse=None, worker_env=(), constraints=None
+) -> Path:
+    """The Best sink as a suite's end runs it, on a catalog holding only this archive target (its suite's worker_env
+    and constraints)."""
     target = foreign.target()
     catalog = SimpleNamespace(targets={target.name: target}, foreign={target.name: foreign}, config_template=ROOT / "config.properties")
     out = tmp_path / "results"
@@ -100,7 +103,7 @@ def finish_best(tmp_path, foreign: ForeignArchive, chosen: dict, core_plan=None,
         analysis=SimpleNamespace(winners={target.name: chosen}),
         out_dir=out,
         environment={},
-        suite=SimpleNamespace(core_plan=core_plan, archive_worker_env=worker_env),
+        suite=SimpleNamespace(core_plan=core_plan, archive_worker_env=worker_env, constraint_bounds=constraints or {}),
     )
     Best(catalog, log, fuse).finish(run)
     return out / "best"

@@ -6,7 +6,8 @@ the oldest and the newest Kubernetes minor that kubernetes-validate (PyPI) ships
 as `kubectl apply --validate=strict` is (a field the schema does not name is refused, except below
 `x-kubernetes-preserve-unknown-fields`), its metadata against Kubernetes' ObjectMeta; and the ServingRuntime it
 relies on (kserve-torchserve) must offer its model format and protocol version. Its Istio AuthorizationPolicy: against
-the `openAPIV3Schema` of Istio's CRD (istio/, with its source and license), strict the same way (#64).
+the `openAPIV3Schema` of Istio's CRD (istio/, with its source and license), strict the same way (#64). The RayService
+(best/rayservice.yaml): against KubeRay's CRD (kuberay/, with its source and license), strict the same way (#67).
 
 And what a cluster would let through but segserve does not write (#58): a pod that breaks the Pod Security Standards'
 "restricted" profile (runAsNonRoot, a non-zero user, no privilege escalation, every capability dropped, seccomp
@@ -30,6 +31,8 @@ import yaml
 from kubernetes_validate import utils as kubernetes_schemas
 
 KSERVE = Path(__file__).parent / "kserve"
+KUBERAY = Path(__file__).parent / "kuberay"
+RAY_SERVICE = ("ray.io/v1", "RayService")  # the CRD's group, served version and kind
 ISTIO = Path(__file__).parent / "istio"
 AUTHORIZATION_POLICY = ("security.istio.io/v1", "AuthorizationPolicy")  # the CRD's group, served version and kind
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # the API server sets it to the namespace's name: no pod chooses it
@@ -116,6 +119,23 @@ def authorization_policy_problems(policy: dict) -> list[str]:
         for error in jsonschema.Draft7Validator(authorization_policy_schema()).iter_errors(body)
     ]
     return problems + _metadata_problems("AuthorizationPolicy", policy)
+
+
+@cache
+def ray_service_schema() -> dict:
+    return _strict(json.loads(gzip.decompress((KUBERAY / "rayservice-v1.schema.json.gz").read_bytes())))
+
+
+def ray_service_problems(service: dict) -> list[str]:
+    """Lines naming what in a RayService a cluster with KubeRay's CRD refuses (strict as the InferenceService's)."""
+    problems = []
+    if (service.get("apiVersion"), service.get("kind")) != RAY_SERVICE:
+        problems.append(f"RayService: apiVersion/kind {service.get('apiVersion')}/{service.get('kind')}: must be {'/'.join(RAY_SERVICE)}")
+    problems += [
+        f"RayService: KubeRay's CRD: {_where(error)}: {error.message}"
+        for error in jsonschema.Draft7Validator(ray_service_schema()).iter_errors(service)
+    ]
+    return problems + _metadata_problems("RayService", service)
 
 
 def inference_service_problems(service: dict) -> list[str]:

@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from segserve.archives.registration import REGISTRATIONS, model_config_entry
-from segserve.bench.results import manifest_check, mesh, pods
+from segserve.bench.results import manifest_check, mesh, pods, rayservice
 from segserve.bench.suite.params import PARAMS
 from segserve.serving.cores import load_plan
 from segserve.serving.server import SERVER_ENV
@@ -225,11 +225,20 @@ def header(chosen: dict, on: str, lines: list[str]) -> str:
 
 
 def write_manifests(
-    best_dir: Path, chosen: dict, served: Served, on: str, core_plan: str | None = None, replicas: int = 1, notes: tuple[str, ...] = ()
+    best_dir: Path,
+    chosen: dict,
+    served: Served,
+    on: str,
+    core_plan: str | None = None,
+    replicas: int = 1,
+    notes: tuple[str, ...] = (),
+    p99_bound_ms: float | None = None,
+    measured: bool = True,
 ) -> list[str]:
-    """best/k8s.yaml, and for a model best/kserve.yaml and best/kserve/config/config.properties; each manifest only
-    when it passes manifest_check.py (the schemas a cluster checks, the restricted profile, what it exposes).
-    Returns why one was not written."""
+    """best/k8s.yaml and best/rayservice.yaml, and for a model best/kserve.yaml and best/kserve/config/config.properties;
+    each manifest only when it passes manifest_check.py (the schemas a cluster checks, the restricted profile, what it
+    exposes). `p99_bound_ms` (the suite's) sizes a Ray point (sizing.py); `measured`: False where `served` is not what
+    the point measured (a .war's fused .mar). Returns why one was not written."""
     uri, cores, mem = storage_uri(served.name), cpu(chosen, served, core_plan), memory(chosen)
     amounts = {"cpu": str(cores.value), "memory": mem.value}
     resources = {"requests": amounts, "limits": dict(amounts)}
@@ -281,6 +290,7 @@ def write_manifests(
     if not refused:
         text = header(chosen, on, lines + k8s_lines) + yaml.dump_all(k8s, Dumper=BlockDumper, sort_keys=False)
         (best_dir / "k8s.yaml").write_text(text)
+    refused += write_rayservice(best_dir, chosen, served, header(chosen, on, lines[3:]), uri.value, env, p99_bound_ms, measured)
     if served.is_workflow:
         return refused
     kserve = inference_service(served, uri.value, resources, env, replicas, chosen.get("concurrency"))
@@ -317,6 +327,24 @@ def write_kserve(best_dir: Path, service: dict, served: Served, top: str) -> lis
     ]
     documents = yaml.dump_all([service, policy, istio], Dumper=BlockDumper, sort_keys=False)
     (best_dir / "kserve.yaml").write_text(top + "".join(f"# {line}\n" for line in kserve_lines) + documents)
+    return []
+
+
+def write_rayservice(best_dir: Path, chosen: dict, served: Served, top: str, uri: str, env, p99_bound_ms, measured: bool) -> list[str]:
+    """best/rayservice.yaml (rayservice.py) once rayservice.problems passes; else why not."""
+    name = k8s_name(served.name)
+    replicas = {model: values["workers"] or 1 for model, values in served.registrations.items()}
+    if not replicas:
+        return [f"best/rayservice.yaml not written: {served.name} has no node in its DAG to run"]
+    lay = rayservice.layout(chosen, replicas, p99_bound_ms, measured=measured)
+    memory = rayservice.memory_mi(chosen, lay, sum(replicas.values()))
+    service = rayservice.ray_service(name, labels(f"{name}-ray"), served, lay, uri, env, memory[0])
+    policies = rayservice.network_policies(name, labels(f"{name}-ray"))
+    problems = rayservice.problems(service, policies)
+    if problems:
+        return [f"best/rayservice.yaml not written: {problem}" for problem in problems]
+    said = "".join(f"# {line}\n" for line in rayservice.lines(name, chosen, lay, memory))
+    (best_dir / "rayservice.yaml").write_text(top + said + yaml.dump_all([service, *policies], Dumper=BlockDumper, sort_keys=False))
     return []
 
 

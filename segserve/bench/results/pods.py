@@ -187,14 +187,10 @@ def k8s_objects(name: str, labels: dict, config: str, served, uri: str, resource
         {"name": "tmp", "emptyDir": {}},
     ]
     pod = {"automountServiceAccountToken": False, "securityContext": POD_SECURITY, "containers": [container], "volumes": volumes}
-    if uri.startswith("pvc://"):
-        claim, _, path = uri.removeprefix("pvc://").partition("/")
-        volumes.append({"name": "model-store", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}})
-        store.update({"subPath": f"{path}/model-store".lstrip("/"), "readOnly": True})
-    else:  # s3:// (the placeholder too): copied in before TorchServe starts
-        volumes.append({"name": "model-store", "emptyDir": {}})
-        volumes.append({"name": "aws-credentials", "secret": {"secretName": "aws-credentials", "optional": True}})
-        pod["initContainers"] = [copy_archives(uri, store)]
+    more, init = model_store(uri, store)
+    volumes += more
+    if init:
+        pod["initContainers"] = init
     scrape = {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORTS["metrics"])}  # the NetworkPolicy says who may
     template = {"metadata": {"labels": labels, "annotations": scrape}, "spec": pod}
     deployment = {
@@ -207,6 +203,18 @@ def k8s_objects(name: str, labels: dict, config: str, served, uri: str, resource
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels}}
     service["spec"] = {"selector": labels, "ports": ports}
     return [config_map, deployment, service, network_policy(name, labels, labels, list(served_ports(grpc)), out=True)]
+
+
+def model_store(uri: str, store: dict) -> tuple[list[dict], list[dict]]:
+    """The model store's volumes and init containers: a pvc:// claim mounted read-only (`store`, the container's mount
+    of it, gets its subPath), else s3:// (the placeholder too) copied into an emptyDir before the server starts (the
+    pod needs an emptyDir volume `tmp` for the copy's HOME)."""
+    if uri.startswith("pvc://"):
+        claim, _, path = uri.removeprefix("pvc://").partition("/")
+        store.update({"subPath": f"{path}/model-store".lstrip("/"), "readOnly": True})
+        return [{"name": "model-store", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}], []
+    credentials = {"name": "aws-credentials", "secret": {"secretName": "aws-credentials", "optional": True}}
+    return [{"name": "model-store", "emptyDir": {}}, credentials], [copy_archives(uri, store)]
 
 
 def copy_archives(uri: str, store: dict) -> dict:

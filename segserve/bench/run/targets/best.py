@@ -16,6 +16,7 @@ import yaml
 from segserve.archives import registration
 from segserve.archives.catalog import Catalog
 from segserve.archives.registration import REGISTRATIONS, workflow_entry, workflow_top
+from segserve.bench.results import sizing
 from segserve.bench.results.manifests import node_value, served_foreign, served_fused, write_manifests
 from segserve.bench.results.sinks import FinishedRun, Sink
 from segserve.errors import RuntimeFailure, UsageError
@@ -43,6 +44,15 @@ call() {{  # METHOD PATH: one management call, the key on curl's stdin
 }}
 
 """
+
+
+# best/config.properties says which engine the point was measured on and how to serve it so (docs/ray.md)
+ENGINE_LINES = {
+    "torchserve": "# Engine: TorchServe (measured on it): `segserve serve --config best/config.properties --no-targets`, or "
+    "`torchserve --start --ts-config best/config.properties`.",
+    "ray": "# Engine: Ray Serve with TorchServe's APIs (measured on it, HAProxy in front): `segserve serve --engine ray --config "
+    "best/config.properties --no-targets`; the same management API and key file, so register.sh works unchanged.",
+}
 
 
 def path_name_problem(what: str, name: str) -> str | None:
@@ -80,7 +90,8 @@ class Best(Sink):
         foreign = self.catalog.foreign.get(target.name)
         if foreign is not None:
             fuse = self.fuse and partial(self.fuse, worker_env=run.suite.archive_worker_env)  # its import check: as its workers
-            ArchiveFiles(target, foreign, chosen, on, self.log).write(best_dir, run.suite.core_plan, fuse)
+            bound = sizing.p99_bound_ms(run.suite.constraint_bounds)  # sizes a Ray point (best/rayservice.yaml)
+            ArchiveFiles(target, foreign, chosen, on, self.log, bound).write(best_dir, run.suite.core_plan, fuse)
         elif target.dag is not None:
             dag_spec(best_dir, chosen, self.catalog.dags[target.dag], on)
 
@@ -95,6 +106,7 @@ class Best(Sink):
         on = f"# Best on: {label(machine)}; on another machine, measure again (best/machine.json)."
         (best_dir / "machine.json").write_text(json.dumps({"label": label(machine), **machine}, indent=2) + "\n")
         note = f"# Best point of this suite: {chosen['run_id']} ({chosen['target']}, {chosen['throughput_rps']:.1f} req/s).\n{on}"
+        note += "\n" + ENGINE_LINES[chosen.get("engine") or "torchserve"]
         if chosen.get("omp_num_threads"):
             note += f"\n# Start TorchServe with OMP_NUM_THREADS={chosen['omp_num_threads']} in its environment (workers inherit it)."
         for name, why in (passed_over or {}).items():
@@ -121,8 +133,9 @@ def dag_spec(best_dir: Path, chosen: dict, dag, on: str) -> None:
 class ArchiveFiles:
     """A user's .mar or .war at its best point: register.sh, a .war's spec, the manifests, a .war fused."""
 
-    def __init__(self, target, foreign, chosen: dict, on: str, log=print):
+    def __init__(self, target, foreign, chosen: dict, on: str, log=print, p99_bound_ms: float | None = None):
         self.target, self.foreign, self.chosen, self.on, self.log = target, foreign, chosen, on, log
+        self.p99_bound_ms = p99_bound_ms
         self.header = f"# From {chosen['run_id']} ({chosen['target']}).\n{on}\n"
 
     def write(self, best_dir: Path, core_plan, fuse) -> None:
@@ -133,7 +146,7 @@ class ArchiveFiles:
             return
         self.register_script(best_dir)
         served = served_foreign(self.target, self.foreign, self.chosen)
-        for refused in write_manifests(best_dir, self.chosen, served, self.on, core_plan):
+        for refused in write_manifests(best_dir, self.chosen, served, self.on, core_plan, p99_bound_ms=self.p99_bound_ms):
             self.log(refused)  # the rest of best/ stays
         if self.foreign.is_workflow and fuse is not None:
             self.fused(best_dir, core_plan, fuse)
@@ -188,5 +201,5 @@ class ArchiveFiles:
             f"measure it with an archive target {{name: {name}, archive: best/fused/{mar.name}}} before relying on its rate",
         )
         served = served_fused(name, mar, self.chosen, self.target.nodes[0].name)
-        for refused in write_manifests(fused_dir, self.chosen, served, self.on, core_plan, notes=notes):
+        for refused in write_manifests(fused_dir, self.chosen, served, self.on, core_plan, notes=notes, measured=False):
             self.log(refused)
