@@ -132,3 +132,20 @@ def test_best_names_the_engine_its_point_was_measured_on_and_how_to_serve_it(tmp
         run.out_dir.mkdir()
         Best(CATALOG, lambda _: None).finish(run)
         assert says in (tmp_path / str(engine) / "best" / "config.properties").read_text()
+
+
+def test_report_sizes_a_best_ray_point_for_the_target_rate_or_says_why_not(monkeypatch):
+    from segserve.bench.results.analysis import analyse
+    from segserve.bench.results.report import _sizing_section
+
+    ray = {"run_id": "seg-r", "target": "seg", "engine": "ray", "workers": 2, "throughput_rps": 100.0, "requests_failed": 0}
+    ray |= {"latency_p99_ms": 80.0, "latency_mean_ms": 40.0, "server_cpu_ms_per_request": 15.0, "environment": {"cpu_cores": 2}}
+    constraints = {"latency_p99_ms": {"max": 100}}
+    monkeypatch.setenv("SEGSERVE_TARGET_RPS", "450")
+    text = "\n".join(_sizing_section(analyse([ray], constraints, "throughput_rps", [], {})))
+    assert "**seg**: sized for 450 req/s" in text and "replicas needed seg 9" in text  # ⌈2 × 450 ÷ 100⌉
+    monkeypatch.delenv("SEGSERVE_TARGET_RPS")
+    text = "\n".join(_sizing_section(analyse([ray], constraints, "throughput_rps", [], {})))
+    assert "not sized: no target rate: set SEGSERVE_TARGET_RPS" in text
+    torchserve = ray | {"engine": "torchserve"}
+    assert _sizing_section(analyse([torchserve], constraints, "throughput_rps", [], {})) == []

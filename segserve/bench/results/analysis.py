@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from segserve.bench.results import sizing
 from segserve.bench.results.engines import engine_of, engine_rows
 from segserve.bench.results.shown import Shown, efficiency_notes, no_winner_reason
 from segserve.bench.results.stats import RATIO_TOLERANCE, bootstrap_interval, ratio, ratio_of_medians, uncertainty
@@ -37,6 +38,8 @@ class Analysis:
     efficiency_notes: list[str] = field(default_factory=list)
     no_winner: dict[str, str] = field(default_factory=dict)  # each measured target without a best point: why
     engines: list[dict] = field(default_factory=list)  # points measured on both engines: Ray ÷ TorchServe (engines.py)
+    # each target whose best point ran on Ray: its sizing's lines for a target rate (sizing.py), or why it is not sized
+    sizing: dict[str, list[str]] = field(default_factory=dict)
 
 
 def analyse(
@@ -66,7 +69,24 @@ def analyse(
         efficiency_notes(shown, pipelines),
         {t: no_winner_reason(records, t, constraints) for t in targets if winners[t] is None},
         engine_rows(records, list(swept)),
+        ray_sizing(winners, constraints),
     )
+
+
+def ray_sizing(winners: dict[str, dict | None], constraints: dict) -> dict[str, list[str]]:
+    """Each target's best Ray point sized for SEGSERVE_TARGET_RPS at the suite's p99 bound (what best/rayservice.yaml
+    carries), as the lines that say where each figure comes from; or the one line why it is not sized."""
+    sized = {}
+    for target, winner in winners.items():
+        if winner is None or engine_of(winner) != "ray":
+            continue
+        nodes = {k.removesuffix("_workers"): v for k, v in winner.items() if k.endswith("_workers") and isinstance(v, int)}
+        replicas = nodes or {target: winner.get("workers") or 1}
+        try:
+            sized[target] = sizing.size(winner, replicas, sizing.p99_bound_ms(constraints), sizing.target_rps()).lines()
+        except sizing.NotSized as why:
+            sized[target] = [f"not sized: {why}"]
+    return sized
 
 
 def side_by_side(winners: dict[str, dict | None]) -> list[dict]:

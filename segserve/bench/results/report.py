@@ -92,6 +92,7 @@ def write_report(
     md = _environment_section(suite_name, environment, objective, constraints)
     md += _best_section(analysis, params)
     md += _engines_section(analysis)
+    md += _sizing_section(analysis)
     md += _search_section(search or {}, analysis)
     md += _analysis_sections(analysis)
     for target in analysis.targets:
@@ -152,6 +153,16 @@ def _engines_section(analysis: Analysis) -> list[str]:
         "server CPU-ms a request (every process of the engine: TorchServe's frontend and workers; HAProxy, Ray's proxy, "
         "replicas and Ray's own processes).",
     ]
+
+
+def _sizing_section(analysis: Analysis) -> list[str]:
+    """Each target's best Ray point sized for a target rate (best/rayservice.yaml has the same), or why not."""
+    if not analysis.sizing:
+        return []
+    lines = ["", "## Sizing on Ray (best/rayservice.yaml)", ""]
+    for target, said in analysis.sizing.items():
+        lines += [f"- **{target}**: " + " ".join(said)]
+    return lines
 
 
 def _analysis_sections(analysis: Analysis) -> list[str]:
