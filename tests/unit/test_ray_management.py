@@ -180,3 +180,25 @@ def test_serve_starts_torchserve_unless_told_and_stops_the_engine_its_run_folder
             with pytest.raises(AttributeError):  # past the choice: the namespace has no more options
                 cmd_serve.run(args)
     assert chosen == ["torchserve", None, "ray"]  # None: the recorded one
+
+
+def test_an_archive_whose_requirements_torchserve_would_install_is_refused_by_name(store, tmp_path):
+    import zipfile
+
+    with zipfile.ZipFile(store / "echo.mar") as echo, zipfile.ZipFile(tmp_path / "needs.mar", "w") as needs:
+        manifest = json.loads(echo.read("MAR-INF/MANIFEST.json"))
+        manifest["model"] |= {"modelName": "needs", "requirementsFile": "requirements.txt"}  # as the archiver writes it
+        for name in echo.namelist():
+            needs.writestr(name, json.dumps(manifest) if name == "MAR-INF/MANIFEST.json" else echo.read(name))
+        needs.writestr("requirements.txt", "nothing-installed-here==1.0\n")
+    store = tmp_path
+    keys, models = new_keys(), InMemory()
+
+    def post(installs: bool):
+        defaults = api.Defaults(install_py_dep_per_model=installs)
+        return api.answer(api.parse("POST", "/models?url=needs.mar"), f"Bearer {keys['management']['key']}", keys, models, store, defaults)
+
+    refused = json.loads(post(True).body)
+    assert refused["code"] == 400 and "needs.mar brings requirements.txt and install_py_dep_per_model is true" in refused["message"]
+    assert "needs" not in models.models
+    assert post(False).status == 200  # TorchServe installs nothing either: registered as it comes

@@ -231,6 +231,7 @@ class RayServe(ManagementClient):
             response_timeout_s=int(settings.get("default_response_timeout", 120)),
             startup_timeout_s=int(settings.get("default_startup_timeout", 120)),
             job_queue_size=int(settings.get("job_queue_size", 100)),
+            install_py_dep_per_model=settings.get("install_py_dep_per_model", "").strip().lower() == "true",
         )
         plan = {
             "models": [asdict(m) for m in self.initial_models],

@@ -53,6 +53,9 @@ class Defaults:
     response_timeout_s: int = 120  # default_response_timeout
     startup_timeout_s: int = 120  # default_startup_timeout
     job_queue_size: int = 100
+    # install_py_dep_per_model: TorchServe pip-installs an archive's requirements file at registration; the Ray engine
+    # refuses such an archive by name instead (its replicas run the engine's Python environment as it is)
+    install_py_dep_per_model: bool = False
 
 
 class Models(Protocol):
@@ -193,6 +196,8 @@ def register(call: Call, models: Models, store: Path | None, defaults: Defaults)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as failed:
         return error(400, "InvalidModelException", f"Failed to load the archive {url}: {failed}")
     name = call.text("model_name") or manifest_name
+    if defaults.install_py_dep_per_model and (requirements := probe.requirements_file()):
+        return error(400, "InvalidModelException", requirements_refusal(url, requirements))
     if name in models.registered():
         return error(409, "ConflictStatusException", f"Model version {version} is already registered for model {name}")
     workers = call.integer("initial_workers", defaults.workers)
@@ -216,6 +221,15 @@ def register(call: Call, models: Models, store: Path | None, defaults: Defaults)
         added = "Use scale workers API to add workers for the model."
         return status_json(f'Model "{name}" Version: {version} registered with 0 initial workers. {added}')
     return status_json(f'Model "{name}" Version: {version} registered with {spec.workers} initial workers')
+
+
+def requirements_refusal(url: str, requirements: str) -> str:
+    """Why the Ray engine does not register an archive whose requirements TorchServe would install."""
+    return (
+        f"{url} brings {requirements} and install_py_dep_per_model is true: TorchServe pip-installs it per model, the Ray "
+        "engine does not (its replicas run the engine's Python environment): install it there and register again, or set "
+        "install_py_dep_per_model=false (docs/ray.md)"
+    )
 
 
 def scale(call: Call, name: str, version: str | None, models: Models) -> Answer:

@@ -30,6 +30,10 @@ class ModelSpec:
         """The manifest's modelName: the name TorchServe registers the archive under where none is given."""
         return str(self._manifest()["modelName"])
 
+    def requirements_file(self) -> str | None:
+        """The manifest's requirementsFile: what TorchServe pip-installs at registration with install_py_dep_per_model."""
+        return None if self.handler else self._manifest().get("requirementsFile") or None
+
     def _manifest(self) -> dict:
         with zipfile.ZipFile(self.archive) as mar:
             return json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
