@@ -3,6 +3,7 @@
 `bench collect STUDY` and `bench schema`. `segserve bench SUITE.yaml` is `segserve bench run SUITE.yaml`."""
 
 import argparse
+import os
 from pathlib import Path
 
 from segserve.errors import UsageError
@@ -65,6 +66,16 @@ def add_run_parser(actions, parents: list) -> None:
         help="send the results to s3://bucket/prefix, cloudwatch://Namespace or pushgateway://host:port (repeatable)",
     )
     q.add_argument("--endpoint-url", help="--export: the S3 / CloudWatch endpoint (default: AWS's)")
+    q.add_argument(
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="the suite's Ray points (grid.server.engine ray) onto this running Ray cluster: its GCS's address; run the bench "
+        "on a node of it (docs/ray.md)",
+    )
+    q.add_argument(
+        "--ray-shared-dir", metavar="DIR", help="--ray-address: a folder every node mounts at this path (the archives are built in it)"
+    )
+    q.add_argument("--ray-allow-no-auth", action="store_true", help="--ray-address: deploy onto a cluster with token auth off")
     q.add_argument(
         "--heartbeat-s",
         type=int,
@@ -169,14 +180,16 @@ ARCHIVES_ARE_CODE = (
 
 
 def run_suite(args) -> int:
-    from segserve.bench.run.suite_run import SuiteRun, carries_weights, describe_search, prepare, strategy_for
+    from segserve.bench.run.suite_run import SuiteRun, carries_weights, check_cluster, describe_search, prepare, strategy_for
     from segserve.bench.run.suite_run import run_suite as run_points
     from segserve.bench.suite import plan
     from segserve.bench.suite.spec import check_member_functions, load_suite
+    from segserve.engines.ray import cluster as clusters
 
     suite_path, known = Path(args.suite), catalog()
     if args.heartbeat_s < 1:
         raise UsageError(f"--heartbeat-s must be ≥ 1 (got {args.heartbeat_s})")
+    cluster = clusters.from_options(args.ray_address, args.ray_shared_dir, args.ray_allow_no_auth)
     suite = load_suite(suite_path, known)
     if suite.archive_targets:  # before anything of theirs runs (docs/benchmarking.md, "Archives are code")
         print(ARCHIVES_ARE_CODE.format(names=", ".join(suite.archive_targets)))
@@ -193,6 +206,7 @@ def run_suite(args) -> int:
         port_base=args.port_base,
         heartbeat_s=args.heartbeat_s,
         rounds=args.rounds,
+        cluster=cluster,
     )
     if args.dry_run:
         prepared = prepare(run)  # the run's own checks: rounds, storage (reachable?), --resume
@@ -211,5 +225,8 @@ def run_suite(args) -> int:
     from segserve.fuse import fuse
 
     exports = checked(args.export, args.endpoint_url)  # credentials, bucket, namespace: now, not after measuring
+    if cluster is not None:  # its token (or --ray-allow-no-auth) now, not at its first point
+        check_cluster(suite, cluster)
+        clusters.driver_environment(cluster, dict(os.environ), Path.home())
     run_points(replace(run, exports=exports, fuse=fuse))
     return 0

@@ -34,6 +34,13 @@ SUBNET = "10.233.67"  # this host .1 on the bridge, the head .2, worker n .2+n
 GCS_PORT = 6379
 IFNAMSIZ = 15  # the longest interface name Linux takes
 NODE_OBJECT_STORE_BYTES = 100 * 1024 * 1024  # each node's default is 30% of memory, in one /dev/shm for all
+# How soon the GCS counts a lost node dead, and so how soon Serve replaces its replicas: Ray's health checks of each
+# raylet (src/ray/common/ray_config_def.h, read from RAY_<name> by the GCS at the head's `ray start`). Ray 2.60's
+# defaults: one every 3000 ms, dead after 5 failed in a row (a check answered by a refused connection fails at
+# once; one left unanswered after health_check_timeout_ms, 10000). 15 s of a 30 s recovery goal went there; one
+# check a second keeps the 5 failures (a raylet busy for a moment is not dead) and finds a lost node in about 5 s.
+# docs/ray.md ("A lost node") says what a user sets for the same.
+HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "5"}
 
 
 @dataclass(frozen=True)
@@ -116,10 +123,10 @@ def node_command(layout: Layout, node: str, temp_dir: Path, num_cpus: int = 1, r
 
 
 def node_environment(base: dict[str, str], token_file: Path) -> dict[str, str]:
-    """A node's environment: token auth with the cluster's token file, usage stats off, no HAProxy, nothing of a
-    cluster the caller's environment names."""
-    env = {k: v for k, v in base.items() if not k.startswith(("RAY_SERVE_", "RAY_AUTH_")) and k != "RAY_ADDRESS"}
-    return env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"}
+    """A node's environment: token auth with the cluster's token file, usage stats off, no HAProxy, the health
+    checks of HEALTH_CHECKS, nothing of a cluster the caller's environment names."""
+    env = {k: v for k, v in base.items() if not k.startswith(("RAY_SERVE_", "RAY_AUTH_", "RAY_health_check_")) and k != "RAY_ADDRESS"}
+    return env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file), "RAY_USAGE_STATS_ENABLED": "0"} | HEALTH_CHECKS
 
 
 def subnet_in_use(subnet: str, addresses: str) -> bool:

@@ -5,7 +5,9 @@ head), an echo .mar from the shared folder gets 4 replicas spread over the nodes
 ingress for 40 s, and the worker node holding the most replicas is killed (its raylet and workers, by pid) after
 12 s. Every request gets an answer within the client's 30 s, at least 95 % are 2xx, the replicas are back within
 30 s, a request afterwards answers 200, and `serve --stop` leaves the cluster running without our applications.
-make test-long (about 2 minutes on 2 cores; root and `ip netns`)."""
+Beside it: a suite's Ray point benchmarked on the cluster (`bench --ray-address`: the record's nodes, replicas per
+node, each node's CPU), and two nodes against one on the same cores (segserve/qa/ray_overhead.py).
+make test-long (about 10 minutes for the three on 2 cores; root and `ip netns`)."""
 
 import subprocess
 import sys
@@ -126,3 +128,60 @@ def test_a_worker_node_lost_under_load_every_request_is_answered_and_the_replica
         timeout=120,
     )
     assert listed.returncode == 0 and listed.stdout.strip().splitlines()[-1] == "[]", listed.stdout + listed.stderr
+
+
+def test_a_suites_ray_point_deployed_onto_the_cluster_records_its_nodes_replicas_and_each_nodes_cpu(cluster, tmp_path):
+    """`segserve bench SUITE --ray-address` on the head (#67 item 3): the point measured from the client as any other,
+    its record with the cluster's nodes, the replicas on each and each node's CPU sampled on the node."""
+    import json
+    import textwrap
+
+    shared, store = tmp_path / "shared", tmp_path / "archives"
+    shared.mkdir()
+    store.mkdir()
+    archiver = [str(Path(sys.executable).with_name("torch-model-archiver")), "--model-name", "echo", "--version", "1.0"]
+    subprocess.run([*archiver, "--handler", str(ECHO), "--export-path", str(store)], check=True, capture_output=True)
+    suite = tmp_path / "cluster.yaml"
+    suite.write_text(
+        textwrap.dedent(
+            f"""
+            targets: [{{name: echo, archive: {store / "echo.mar"}}}]
+            inputs: [{{tensor: {{dtype: float32, shape: [3, 8, 8]}}}}]
+            grid: {{server: {{engine: [ray]}}, runtime: {{workers: [{REPLICAS}]}}, load: {{concurrency: [{CONNECTIONS}]}}}}
+            load: {{warmup_s: 2, window_s: 2, stable_windows: 2, max_windows: 4, stability_tolerance: 0.5, max_others_share: 1.0}}
+            """
+        )
+    )
+    cluster_flags = ("--ray-address", cluster.layout.gcs_address, "--ray-shared-dir", str(shared))
+    done = segserve(
+        *("bench", str(suite), *cluster_flags, "--results", str(tmp_path / "results")),
+        namespace=cluster.layout.namespace("head"),
+        env=cluster.environment,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (record,) = [json.loads(path.read_text()) for path in (tmp_path / "results").rglob("runs/*.json")]
+    print(f"\n{ {k: record.get(k) for k in ('throughput_rps', 'ray_nodes', 'replicas_per_node', 'node_cpu_pct', 'node_cores')} }")
+    addresses = {cluster.layout.address(node) for node in cluster.layout.nodes}
+    assert record["error"] is None and record["engine"] == "ray" and record["throughput_rps"] > 0, record
+    assert record["ray_nodes"] == 3 and set(record["node_cpu_pct"]) == addresses, record
+    assert all(0 < share <= 100 for share in record["node_cpu_pct"].values()), record["node_cpu_pct"]
+    assert set(record["replicas_per_node"]) <= addresses and sum(record["replicas_per_node"].values()) == REPLICAS, record
+    assert record["server_cpu_ms_per_request"] is None and record["server_cpu_unavailable"], record
+    assert not list(shared.iterdir())  # the bench's archives and the engine's folder gone with it
+    assert cluster.alive_nodes() == sorted(addresses)  # the user's cluster keeps running
+
+
+def test_two_nodes_against_one_on_the_same_cores_the_clusters_overhead_as_a_ratio(tmp_path):
+    """#67's goal: a two-node cluster's rate ≥ 0.9× a one-node cluster's on the same cores (segserve/qa/ray_overhead.py:
+    both on this machine, the same .mar with 2 replicas, 16 connections, 3 alternating rounds). About 6 minutes."""
+    from segserve.qa.ray_overhead import overhead
+
+    if reason := RayCluster.unavailable():
+        pytest.skip(f"Ray clusters across namespaces: {reason}")
+    archiver = [str(Path(sys.executable).with_name("torch-model-archiver")), "--model-name", "echo", "--version", "1.0"]
+    subprocess.run([*archiver, "--handler", str(ECHO), "--export-path", str(tmp_path)], check=True, capture_output=True)
+    measured = overhead(tmp_path / "echo.mar", rounds=3, connections=CONNECTIONS)
+    print(f"\n{measured}")
+    assert measured["placement"]["two"] == {"head": 1, "w1": 1}, measured  # the second node serves half
+    assert measured["failed"] == {"one": 0, "two": 0} and all(measured["one_node_rps"] + measured["two_node_rps"]), measured
+    assert measured["ratio"] >= 0.9, measured

@@ -177,10 +177,23 @@ def test_each_node_starts_in_its_namespace_with_its_own_temp_folder_and_token_au
     assert "--head" in head and head[head.index("--port") + 1] == "6379"
     worker = ray_cluster.node_command(layout, "w1", tmp_path / "w1", ray="ray")
     assert worker[worker.index("--address") + 1] == "10.233.67.2:6379" and "--head" not in worker
-    env = ray_cluster.node_environment(
-        {"RAY_AUTH_TOKEN": "x", "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_ADDRESS": "a", "PATH": "/bin"}, tmp_path / "t"
-    )
-    assert env == {"PATH": "/bin", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(tmp_path / "t"), "RAY_USAGE_STATS_ENABLED": "0"}
+    given = {
+        "RAY_AUTH_TOKEN": "x",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_ADDRESS": "a",
+        "RAY_health_check_timeout_ms": "1",
+        "PATH": "/bin",
+    }
+    env = ray_cluster.node_environment(given, tmp_path / "t")
+    assert env == {
+        "PATH": "/bin",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(tmp_path / "t"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # a lost node found dead in about 5 s, not 15 (the recovery goal's margin): set, whatever the caller's were
+        "RAY_health_check_period_ms": "1000",
+        "RAY_health_check_failure_threshold": "5",
+    }
     assert ray_cluster.subnet_in_use("10.233.67", "5: srb1    inet 10.233.67.1/24 scope global srb1")
     assert not ray_cluster.subnet_in_use("10.233.67", "2: eth0    inet 10.233.6.1/24 scope global eth0")
 

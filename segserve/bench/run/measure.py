@@ -99,6 +99,8 @@ def measure(
         **(_server_columns(endpoint, before, after, len(result.status), spec.url) if ours else {}),
         **_client_columns(result, load.client_processes),
         **_window_columns(result, windows, chosen, used_rates, settled.pruned),
+        # the windows the numbers come from, seconds since the load started (a cluster's node CPU is taken over them)
+        "measured_windows_s": [[round(a, 3), round(b, 3)] for a, b in chosen.used],
         "warmup_s": warmup_s,
         **server_usage,
         # the server's CPU per request over the windows the numbers come from (the sampler's clock starts with the

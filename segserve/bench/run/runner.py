@@ -6,7 +6,7 @@ import time
 
 from segserve.archives.catalog import Catalog
 from segserve.bench.run.baselines import AccuracyGate, AutoscalerBeside, BareForwardBeside
-from segserve.bench.run.deploy import Deployment
+from segserve.bench.run.deploy import ClusterNodes, Deployment
 from segserve.bench.run.point import PointMeasurement, ResolvedPoint, resolve
 from segserve.bench.run.progress import Progress
 from segserve.bench.run.rounds import combine_rounds, in_rounds
@@ -22,6 +22,7 @@ class Runner:
             AccuracyGate(deployment.weights, torchserve.compile_env, log),
             BareForwardBeside(deployment.weights, suite, torchserve.compile_env, log),
             AutoscalerBeside(torchserve, catalog, suite),
+            ClusterNodes(deployment),  # last: its nodes' CPU sampled from just before the load
         )
         # bodies_for(target name[, phase]) → request bodies
         self.measurement = PointMeasurement(deployment, suite.load, bodies_for, hooks, strategy.pruner_for)

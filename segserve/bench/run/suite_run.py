@@ -24,6 +24,7 @@ from segserve.bench.search import budget_points, candidates, make_strategy, stud
 from segserve.bench.suite import plan as planning
 from segserve.bench.suite.params import node_param, workers_param
 from segserve.bench.suite.spec import Suite
+from segserve.engines.ray.cluster import Cluster
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.machine.identity import differences, environment, int8_shortfall, label, machines_of
 
@@ -157,6 +158,21 @@ def check_storage(suite: Suite, storage_url: str | None) -> None:
         raise UsageError(f"--storage: only an optuna search keeps its trials in a study (this suite's search is {suite.search.strategy})")
 
 
+def check_cluster(suite: Suite, cluster: Cluster | None) -> None:
+    """--ray-address deploys the suite's Ray points onto a cluster: refused for a suite without one, and with
+    `profile: best` (py-spy and the profiler's CPU sampling read this host's processes: not the nodes')."""
+    if cluster is None:
+        return
+    if "ray" not in (suite.grid.server.engine or []):
+        raise UsageError(
+            f"--ray-address {cluster.address}: this suite has no Ray point to deploy there (add `engine: [ray]` under grid.server)"
+        )
+    if suite.profile == "best":
+        raise UsageError(
+            f"--ray-address {cluster.address}: profile: best samples this host's processes, not a cluster's nodes: leave it out"
+        )
+
+
 @dataclass(frozen=True)
 class SuiteRun:
     """What `segserve bench SUITE` was asked: the suite, and where and how to measure it."""
@@ -173,6 +189,7 @@ class SuiteRun:
     exports: list | None = None
     rounds: int = 1
     fuse: object = None  # segserve fuse's fuse(): a .war's best point also as one .mar in best/fused/ (the command gives it)
+    cluster: Cluster | None = None  # `--ray-address`: the suite's Ray points on a user's running Ray cluster
 
 
 @dataclass
@@ -190,6 +207,7 @@ def prepare(run: SuiteRun) -> Prepared:
     the dry run stops here."""
     check_rounds(run.suite, run.rounds, run.resume, run.storage_url)
     check_storage(run.suite, run.storage_url)
+    check_cluster(run.suite, run.cluster)
     storage = study.open_storage(run.storage_url, None, run.heartbeat_s) if run.storage_url else None  # refused before anything starts
     if run.resume is not None and not (run.resume / "runs").is_dir():
         raise UsageError(f"--resume {run.resume}: not a result folder (no runs/ inside)")
@@ -254,7 +272,7 @@ def _measure(run: SuiteRun, prepared: Prepared, out_dir: Path, log):
         sinks.append(Export(run.exports, log))  # last: it sends the files the others wrote
     measured_by = f"{platform.node()}:{os.getpid()}"  # which bench process (a shared study has several)
     # its servers stop as the measuring ends: the analysis, the sinks and the profile run on a quiet machine
-    with Deployment(suite, catalog, run.weights, log, port_base=run.port_base) as deployment:
+    with Deployment(suite, catalog, run.weights, log, port_base=run.port_base, cluster=run.cluster) as deployment:
         prepared.inputs.capture = deployment.torchserve.answers
         runner = Runner(catalog, deployment, strategy, sinks, prepared.inputs.bodies_for, log)
         warn_about_machine(points, catalog, kept, env_info, log)
@@ -274,7 +292,7 @@ def _finish(run: SuiteRun, prepared: Prepared, out_dir: Path, records: list[dict
     bare = bare_throughputs(records, run.weights, lambda name: weights_node(catalog, name), log, suite.load)
     finish_run(out_dir, suite, catalog, points, records, bare, env_info, sinks, changes)
     if suite.profile == "best":
-        profile_best(suite, catalog, run.weights, records, points, prepared.inputs, out_dir, run.port_base, log)
+        profile_best(suite, catalog, run.weights, records, points, prepared.inputs, out_dir, run.port_base, log, run.cluster)
     if records and all(r.get("error") for r in records):  # written down, but not a measurement: exit 1, not 0
         raise RuntimeFailure(f"every point of this run failed (the first: {records[0]['error']}); results: {out_dir}")
     return out_dir
@@ -298,7 +316,9 @@ def finish_run(
         sink.finish(finished)
 
 
-def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], points: list, inputs, out_dir: Path, port_base, log) -> None:
+def profile_best(
+    suite, catalog: Catalog, weights: Path, records: list[dict], points: list, inputs, out_dir: Path, port_base, log, cluster=None
+) -> None:
     """`profile: best`: the suite's best point of ours served again and profiled under its own load
     (segserve/bench/run/profiler.py), and beside it the best command target's (a peer server: every process of
     it, py-spy on the Python ones); each profile's summary is appended to report.md."""
@@ -314,7 +334,7 @@ def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], po
             continue
         point = next(p for p in points if p.run_id == winner["run_id"])
         log(f"profiling {what} {point.run_id} for {suite.profile_seconds:.0f}s …")
-        summary = _profile_point(suite, catalog, weights, point, inputs, out_dir, port_base, log)
+        summary = _profile_point(suite, catalog, weights, point, inputs, out_dir, (port_base, cluster), log)
         folder = Path(summary["folder"])
         text = (folder / "report.md").read_text().replace("# Profile of", f"## Profile of {what}:", 1)
         with open(out_dir / "report.md", "a") as report:
@@ -322,12 +342,13 @@ def profile_best(suite, catalog: Catalog, weights: Path, records: list[dict], po
         log(f"profile of {point.run_id}: {folder}")
 
 
-def _profile_point(suite, catalog: Catalog, weights: Path, point, inputs, out_dir: Path, port_base, log) -> dict:
-    """Deploy one point again (its own server) and profile it under its suite's connections."""
+def _profile_point(suite, catalog: Catalog, weights: Path, point, inputs, out_dir: Path, where: tuple, log) -> dict:
+    """Deploy one point again (its own server; where: (port_base, cluster)) and profile it under its suite's connections."""
     from segserve.bench.run import profiler
     from segserve.bench.run.load import LoadSpec
 
-    with Deployment(suite, catalog, weights, log, port_base=port_base) as deployment:
+    port_base, cluster = where
+    with Deployment(suite, catalog, weights, log, port_base=port_base, cluster=cluster) as deployment:
         inputs.capture = deployment.torchserve.answers
         bodies = inputs.bodies_for(point.target)  # before the deploy: a member's capture releases what is registered
         endpoint = deployment.deploy(point)

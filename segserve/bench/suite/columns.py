@@ -109,6 +109,16 @@ class Record(TypedDict, total=False):
     # "models.<node>.retry-attempts": 1, …}: registration.spec_overrides); None: not a .war
     archive_overrides: dict[str, int] | None
     environment: dict  # the machine it was measured on (segserve/machine/identity.py)
+    measured_windows_s: list[list[float]]  # the windows the numbers come from, [start, end] in s since the load started
+    # a Ray point on a user's cluster (`bench run --ray-address`, bench/run/deploy.py's ClusterNodes): its alive nodes,
+    # each node's cores, our models' running replicas per node, and each node's busy share of its cores over the
+    # measured windows (%, read on the node by an actor of ours: engines/ray/node_usage.py); keyed by node IP
+    ray_nodes: int
+    node_cores: dict[str, int]
+    replicas_per_node: dict[str, int]
+    node_cpu_pct: dict[str, float | None]
+    # why server_cpu_ms_per_request is None there: the nodes' processes are out of this host's process tree
+    server_cpu_unavailable: str
 
 
 BASE_COLUMNS = [

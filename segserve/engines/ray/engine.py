@@ -290,6 +290,12 @@ class RayServe(ManagementClient):
             return env | self._cluster_auth
         return env | (haproxy_env(temp_dir, self._host, frozenset({self.port, self.management_port})) if self.haproxy else {})
 
+    def cluster_environment(self) -> dict[str, str]:
+        """What another driver of the engine's cluster needs (node_usage.py's sampler): the caller's environment with
+        the cluster's token auth as this engine's driver has it (set by start())."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_") and k != "RAY_ADDRESS"}
+        return env | {"RAY_USAGE_STATS_ENABLED": "0"} | self._cluster_auth
+
     def _wait_until_up(self, driver: subprocess.Popen, ready: Path, startup_timeout_s: float) -> None:
         deadline = time.monotonic() + startup_timeout_s
         while not ready.exists():

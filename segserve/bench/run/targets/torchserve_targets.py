@@ -25,6 +25,7 @@ from segserve.bench.run.targets.kind import Kind
 from segserve.bench.suite.params import at_level
 from segserve.bench.suite.plan import Point, settings_for, spec_values
 from segserve.bench.suite.spec import Suite
+from segserve.engines.ray.cluster import Cluster
 from segserve.engines.ray.engine import RayServe
 from segserve.errors import RuntimeFailure, UsageError
 from segserve.serving.http import Connection, Response
@@ -45,13 +46,23 @@ class TorchServeTargets(Kind):
     values, archives built and registered again only for archive values, workers scaled live."""
 
     def __init__(
-        self, suite: Suite, catalog: Catalog, weights: Path, changes: dict, log=print, env: dict | None = None, port_base: int | None = None
+        self,
+        suite: Suite,
+        catalog: Catalog,
+        weights: Path,
+        changes: dict,
+        log=print,
+        env: dict | None = None,
+        port_base: int | None = None,
+        cluster: Cluster | None = None,
     ):
         super().__init__(changes)
         self.suite, self.catalog, self.weights, self.log = suite, catalog, weights, log
         self.port_base = port_base  # None: free ports for every server it starts
         self.extra_env = dict(env or {})  # for every worker of this deployment's server (`bench ab --b-env`)
-        self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-"))
+        self.cluster = cluster  # `bench run --ray-address`: Ray points on a user's running cluster (None: a Ray of their own)
+        # on a cluster the archives are built where every node reads them: in its shared folder
+        self.store = Path(tempfile.mkdtemp(prefix="segserve-bench-store-", dir=cluster.shared_dir if cluster else None))
         self.staging = Path(tempfile.mkdtemp(prefix="segserve-bench-stage-"))
         # one compile cache for the workers of every server this deployment starts and for the bare forward beside
         # them: a variant compiles cold once per bench run (its first load_s), later loads reuse the kernels
@@ -93,6 +104,8 @@ class TorchServeTargets(Kind):
             return None
         if isinstance(self.server, TorchServe):
             return process_groups(self.server, endpoint.models)
+        if self.server.cluster:  # its replicas' pids are other hosts' (deploy.ClusterNodes samples each node instead)
+            return None
         return self.server.process_groups(endpoint.models)
 
     # Server ------------------------------------------------------------------------
@@ -136,12 +149,15 @@ class TorchServeTargets(Kind):
 
     def ray_engine(self, run_dir: Path, env: dict, worker_env, installs: bool) -> RayServe:
         """A point's Ray engine (grid.server.engine ray): HAProxy in front, as `segserve serve --engine ray` starts it,
-        the same server environment and archive environment as a TorchServe point's, on free ports (or port_base's)."""
+        the same server environment and archive environment as a TorchServe point's, on free ports (or port_base's).
+        On the user's cluster (`bench run --ray-address`): deployed onto it, Serve's proxy in front (HAProxy mode
+        is the cluster's own, set at its nodes' `ray start`)."""
         if installs:
             raise UsageError("install_requirements: TorchServe's install_py_dep_per_model; on a Ray point not yet (docs/ray.md)")
         ports = {"port_base": self.port_base} if self.port_base else {"port": free_port(), "management_port": free_port()}
-        config = self.catalog.config_template
-        return RayServe(run_dir, model_store=self.store, config_template=config, haproxy=True, env=env, worker_env=worker_env, **ports)
+        config, haproxy = self.catalog.config_template, self.cluster is None
+        options = {"env": env, "worker_env": worker_env, "cluster": self.cluster}
+        return RayServe(run_dir, model_store=self.store, config_template=config, haproxy=haproxy, **options, **ports)
 
     def requirements_key(self, name: str):
         """The archive target of the suite's file whose `install_requirements` applies to target `name`: a member's
