@@ -7,7 +7,7 @@ The spec is the example's (batch 4, 100 ms, 5 retries, timeout-ms 300000). Besid
 (photo_*.jpg: a few sizes, two of them grayscale), generated here. The handlers import captum (TorchServe's
 vision_handler.py does, at module level), which segserve's install_requires brings:
 
-    .venv/bin/python benchmarks/foreign/build_vision_join.py /tmp/vision_join && cd /tmp/vision_join
+    .venv/bin/python benchmarks/foreign/build_vision_join.py /tmp/vision_join_archives && cd /tmp/vision_join_archives
     <repo>/.venv/bin/segserve fuse vision_join.war --model-store .
     <repo>/.venv/bin/segserve bench <repo>/benchmarks/foreign/vision_join.yaml --rounds 3 --results <repo>/results
 """
@@ -81,10 +81,10 @@ def main(out: Path) -> Path:
     from torchvision.models import mobilenet_v3_small
     from ts.torch_handler.image_classifier import ImageClassifier
 
-    # torch-model-archiver stages an archive's files in <temp dir>/<model name> and deletes that folder after
-    for name in ("cat_dog", "dog_breed"):
+    # torch-model-archiver and torch-workflow-archiver stage an archive's files in <temp dir>/<name> and delete that folder after
+    for name in ("cat_dog", "dog_breed", "vision_join"):
         if out.resolve() == (Path(tempfile.gettempdir()) / name).resolve():
-            raise SystemExit(f"error: {out}: torch-model-archiver stages {name}.mar's files there and deletes it: choose another folder")
+            raise SystemExit(f"error: {out}: the archivers stage {name}'s files there and delete it: choose another folder")
     out.mkdir(parents=True, exist_ok=True)
     for index, (width, height, mode) in enumerate(PHOTOS):
         photo(index, width, height, mode).save(out / f"photo_{index}.jpg", format="JPEG", quality=90)
