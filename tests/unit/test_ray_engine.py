@@ -107,3 +107,23 @@ def test_the_key_file_has_torchserves_shape():
     keys = api.new_keys(60)
     assert set(keys) == {"management", "inference", "API"} and len(keys["inference"]["key"]) == 8  # 6 bytes, base64
     assert keys["inference"]["expiration time"].endswith("Z") and "expiration time" not in keys["API"]
+
+
+def test_the_thread_count_ray_forces_on_a_replica_is_undone_and_a_users_own_is_kept(tmp_path):
+    """Ray sets OMP_NUM_THREADS=1 in an actor that reserves no CPU when its environment has none: a replica then ran
+    torch on one thread where TorchServe's worker runs every core, and the image_segmenter's floats differed
+    (tests/system/test_ray_same_bytes.py, which checks the threads' effect end to end). The environment the process
+    started with tells Ray's from the user's."""
+    from segserve.engines.ray.replica import threads_as_a_workers
+
+    started = tmp_path / "environ"
+    started.write_bytes(b"PATH=/usr/bin\0HOME=/root\0")
+    environ = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}  # Ray's, set after the process started
+    threads_as_a_workers(environ, started)
+    assert environ == {"PATH": "/usr/bin"}
+    started.write_bytes(b"PATH=/usr/bin\0OMP_NUM_THREADS=3\0")
+    environ = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "3"}  # the user's (the engine's environment, or runtime_env's)
+    threads_as_a_workers(environ, started)
+    assert environ == {"PATH": "/usr/bin", "OMP_NUM_THREADS": "3"}
+    threads_as_a_workers(environ, tmp_path / "no_proc")  # no /proc: nothing to tell them apart by
+    assert environ["OMP_NUM_THREADS"] == "3"

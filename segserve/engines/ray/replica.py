@@ -64,6 +64,20 @@ def extract(archive: str, parent: Path) -> Path:
     return folder
 
 
+def threads_as_a_workers(environ=os.environ, started: Path = Path("/proc/self/environ")) -> None:
+    """Undo the OMP_NUM_THREADS that Ray sets in a replica whose environment has none (1 for an actor that reserves
+    no CPU: ray._private.utils.set_omp_num_threads_if_unset), before torch is imported: a TorchServe worker runs
+    torch's default (every core it may use), and one thread gives other floating-point sums (the image_segmenter's
+    probabilities differed in their last digits: tests/system/test_ray_same_bytes.py). The process's environment as
+    it was started (`started`) tells Ray's value from the user's, which is kept."""
+    try:
+        initial = started.read_bytes().split(b"\0")
+    except OSError:  # no /proc: left as Ray set it
+        return
+    if "OMP_NUM_THREADS" in environ and not any(entry.startswith(b"OMP_NUM_THREADS=") for entry in initial):
+        del environ["OMP_NUM_THREADS"]
+
+
 def load_service(spec: ModelSpec, model_dir: Path, gpu_id: int | None):
     """ts.model_loader's load of the archive extracted in `model_dir`, from there, as the worker loads it."""
     from ts.model_loader import ModelLoaderFactory
@@ -114,6 +128,7 @@ class MarReplica:
         self.spec = spec
         self.key = api.InferenceKey(key_file)
         self.versions = {spec.name: spec.version()}
+        threads_as_a_workers()
         self.model_dir = extract(spec.archive, Path(folder))
         self.service = load_service(spec, self.model_dir, gpu_of_replica())
         self.batch.set_max_batch_size(spec.batch_size)
