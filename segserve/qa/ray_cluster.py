@@ -261,6 +261,41 @@ class RayCluster:
         self.stop()
 
 
+def segserve(*args: str, namespace: str | None = None, env=None) -> subprocess.CompletedProcess:
+    """A segserve command run as a user runs it, inside a node's namespace where one is named."""
+    command = [sys.executable, "-m", "segserve.cli", *args]
+    if namespace:
+        command = ["ip", "netns", "exec", namespace, *command]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+
+
+def serve_engine(cluster: RayCluster, store: Path, shared: Path, folder: Path):
+    """`segserve serve --engine ray --ray-address` run on the cluster's head (in its namespace) with nothing
+    registered, `store` inside the shared folder; the engine as `token`, `scale`, `predict` open it (the recorded
+    cluster) and the options that stop it (`serve --stop`)."""
+    from segserve.engines.engine_interface import open_engine
+
+    head = cluster.layout.address("head")
+    config = folder / "config.properties"  # the head's address: this host reaches it over the bridge
+    config.write_text(f"inference_address=http://{head}:8080\nmanagement_address=http://{head}:8081\n")
+    options = ["--config", str(config), "--run-dir", str(folder / "run")]
+    started = segserve(
+        *("serve", "--engine", "ray", "--ray-address", cluster.layout.gcs_address, "--ray-shared-dir", str(shared)),
+        *("--model-store", str(store), "--no-targets", *options),
+        namespace=cluster.layout.namespace("head"),
+        env=cluster.environment,
+    )
+    if started.returncode != 0:
+        raise RuntimeFailure(f"segserve serve on the {len(cluster.layout.nodes)}-node cluster failed:\n{started.stdout}{started.stderr}")
+    return open_engine(None, folder / "run", store, config), options
+
+
+def placed(cluster: RayCluster, engine, model: str) -> dict[str, int]:
+    """The model's running replicas per node (their pids in each node's namespace)."""
+    pids = {int(w["pid"]) for w in engine.describe(model)["workers"] if w["status"] == "READY"}
+    return {node: len(pids & set(cluster.pids(node))) for node in cluster.layout.nodes}
+
+
 def _signal(pid: int, sent: int) -> None:
     try:
         os.kill(pid, sent)

@@ -13,7 +13,6 @@ Both clusters run throughout: the idle one's background costs each measurement a
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,8 +21,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from segserve.bench.results.stats import ratio_of_medians
-from segserve.errors import RuntimeFailure
-from segserve.qa.ray_cluster import RayCluster, Sent, closed_loop, outcome
+from segserve.qa.ray_cluster import RayCluster, Sent, closed_loop, outcome, placed, segserve, serve_engine
 
 SUBNETS = {"one": "10.233.68", "two": "10.233.69"}  # beside ray_cluster.SUBNET: the lost-node test's
 # Serve's SPREAD placement is a preference (both replicas landed on the head of the two-node cluster once): the
@@ -31,35 +29,14 @@ SUBNETS = {"one": "10.233.68", "two": "10.233.69"}  # beside ray_cluster.SUBNET:
 PLACEMENT_TRIES = 6
 
 
-def segserve(*args: str, namespace: str | None = None, env=None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "segserve.cli", *args]
-    if namespace:
-        command = ["ip", "netns", "exec", namespace, *command]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-
-
 def serve_on(cluster: RayCluster, mar: Path, folder: Path, model: str, replicas: int):
-    """The .mar served on the cluster by `segserve serve --ray-address` run on its head, with `replicas` replicas;
-    the engine (open_engine's) and the options that stop it."""
-    from segserve.engines.engine_interface import open_engine
-
-    shared, run = folder / "shared", folder / "run"
+    """The .mar served on the cluster by `segserve serve --ray-address` run on its head, with `replicas` replicas
+    spread evenly where Serve places them so within PLACEMENT_TRIES; the engine and the options that stop it."""
+    shared = folder / "shared"
     store = shared / "store"
     store.mkdir(parents=True)
     shutil.copy(mar, store / f"{model}.mar")
-    head = cluster.layout.address("head")
-    config = folder / "config.properties"  # the head's address: this host reaches it over the bridge
-    config.write_text(f"inference_address=http://{head}:8080\nmanagement_address=http://{head}:8081\n")
-    options = ["--config", str(config), "--run-dir", str(run)]
-    started = segserve(
-        *("serve", "--engine", "ray", "--ray-address", cluster.layout.gcs_address, "--ray-shared-dir", str(shared)),
-        *("--model-store", str(store), "--no-targets", *options),
-        namespace=cluster.layout.namespace("head"),
-        env=cluster.environment,
-    )
-    if started.returncode != 0:
-        raise RuntimeFailure(f"segserve serve on the {len(cluster.layout.nodes)}-node cluster failed:\n{started.stdout}{started.stderr}")
-    engine = open_engine(None, run, store, config)
+    engine, options = serve_engine(cluster, store, shared, folder)
     for _ in range(PLACEMENT_TRIES):
         engine.register_model(f"{model}.mar", model, workers=replicas, log=lambda *_: None)
         if even(placed(cluster, engine, model), replicas):
@@ -72,12 +49,6 @@ def even(placement: dict[str, int], replicas: int) -> bool:
     """The replicas as evenly over the nodes as they divide: what the two-node cluster is meant to serve with."""
     share = replicas // len(placement)
     return all(share <= count <= share + (replicas % len(placement) > 0) for count in placement.values())
-
-
-def placed(cluster: RayCluster, engine, model: str) -> dict[str, int]:
-    """The model's running replicas per node (their pids in each node's namespace)."""
-    pids = {int(w["pid"]) for w in engine.describe(model)["workers"] if w["status"] == "READY"}
-    return {node: len(pids & set(cluster.pids(node))) for node in cluster.layout.nodes}
 
 
 def window_rates(sent: list[Sent], began_s: float, warm_s: float, window_s: float, load_s: float) -> list[float]:

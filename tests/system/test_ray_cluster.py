@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from segserve.qa.ray_cluster import RayCluster, closed_loop, outcome
+from segserve.qa.ray_cluster import RayCluster, closed_loop, outcome, placed, segserve, serve_engine
 from segserve.serving.http import request
 from tests.conftest import ROOT
 
@@ -36,45 +36,20 @@ def cluster():
         yield made
 
 
-def segserve(*args: str, namespace: str | None = None, env=None) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "segserve.cli", *args]
-    if namespace:
-        command = ["ip", "netns", "exec", namespace, *command]
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-
-
-def replicas_by_node(cluster: RayCluster, engine) -> dict[str, int]:
-    pids = {int(w["pid"]) for w in engine.describe("echo")["workers"] if w["status"] == "READY"}
-    return {node: len(pids & set(cluster.pids(node))) for node in cluster.layout.nodes}
-
-
 def test_a_worker_node_lost_under_load_every_request_is_answered_and_the_replicas_come_back(cluster, tmp_path):
-    from segserve.engines.engine_interface import open_engine
-
-    shared, run = tmp_path / "shared", tmp_path / "run"
+    shared = tmp_path / "shared"
     store = shared / "store"
     store.mkdir(parents=True)
     archiver = [str(Path(sys.executable).with_name("torch-model-archiver")), "--model-name", "echo", "--version", "1.0"]
     subprocess.run([*archiver, "--handler", str(ECHO), "--export-path", str(store)], check=True, capture_output=True)
-    head = cluster.layout.address("head")
-    config = tmp_path / "config.properties"  # the head's address: this host reaches it over the bridge
-    config.write_text(f"inference_address=http://{head}:8080\nmanagement_address=http://{head}:8081\n")
-    options = ["--config", str(config), "--run-dir", str(run)]
-    started = segserve(
-        *("serve", "--engine", "ray", "--ray-address", cluster.layout.gcs_address, "--ray-shared-dir", str(shared)),
-        *("--model-store", str(store), "--no-targets", *options),
-        namespace=cluster.layout.namespace("head"),
-        env=cluster.environment,
-    )
-    assert started.returncode == 0, started.stdout + started.stderr
-    engine = open_engine(None, run, store, config)  # what `token`, `scale`, `predict` get: the recorded cluster
+    engine, options = serve_engine(cluster, store, shared, tmp_path)  # as `token`, `scale`, `predict` open it
     try:
         assert engine.cluster.address == cluster.layout.gcs_address
         engine.register_model("echo.mar", "echo", workers=REPLICAS, log=lambda *_: None)
-        placed = replicas_by_node(cluster, engine)
-        assert sum(placed.values()) == REPLICAS and sum(1 for n in placed.values() if n) >= 2, placed  # spread
-        lost = max(cluster.layout.nodes[1:], key=placed.get)
-        assert placed[lost], placed
+        spread = placed(cluster, engine, "echo")
+        assert sum(spread.values()) == REPLICAS and sum(1 for n in spread.values() if n) >= 2, spread
+        lost = max(cluster.layout.nodes[1:], key=spread.get)
+        assert spread[lost], spread
 
         killed: dict = {}
 
@@ -84,7 +59,7 @@ def test_a_worker_node_lost_under_load_every_request_is_answered_and_the_replica
             killed["pids"] = cluster.kill_node(lost)
             while time.monotonic() - killed["at"] < LOAD_S:
                 try:
-                    now = replicas_by_node(cluster, engine)
+                    now = placed(cluster, engine, "echo")
                 except OSError:
                     now = {}
                 if sum(now.values()) == REPLICAS and not now.get(lost):
@@ -101,7 +76,7 @@ def test_a_worker_node_lost_under_load_every_request_is_answered_and_the_replica
         after = request(engine.url("inference"), "POST", "/predictions/echo", token=engine.token("inference"), body=b"after", timeout_s=30)
         in_flight = [s for s in sent if s.began_s <= killed["at"] <= s.ended_s]
         print(
-            f"\n{cluster.layout.nodes}: replicas {placed}; {lost} killed ({len(killed['pids'])} processes) at {KILL_AFTER_S} s;"
+            f"\n{cluster.layout.nodes}: replicas {spread}; {lost} killed ({len(killed['pids'])} processes) at {KILL_AFTER_S} s;"
             f" {len(in_flight)} requests in flight then; load {seen};"
             f" replicas back after {killed.get('recovered_s', float('nan')):.1f} s ({killed.get('placed_after')}); after: {after.status}"
         )
