@@ -3,7 +3,8 @@ running processes show, against the settings the engine is locked down with. Ray
 process whose environment can be read (Ray's agents retitle themselves, which erases theirs); TorchServe's key file
 and Ray's token file of the run folder, mode 0600; no dashboard (Ray's dashboard head runs with its frontend off);
 the management API on loopback; HAProxy's stats and metrics on loopback; every listener on loopback or refusing a
-request without a key (exposure.py), Ray's three Prometheus exporters reported as the known open, read-only ones.
+request without a key (exposure.py); Ray's three Prometheus exporters, where they answer beyond loopback (a cluster's
+nodes), reported as the known open, read-only ones.
 
 Ray and HAProxy are named with the versions installed here; the audit knows no advisory of theirs (it lists none),
 and TorchServe's netty is not on this engine's path (no Java).
@@ -18,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from segserve.audit.security_rules import SEVERITIES, Finding, beyond_loopback, loopback
-from segserve.engines.ray.exposure import LOOPBACK, Listener, exposure
+from segserve.engines.ray.exposure import Listener, exposure, on_loopback
 from segserve.errors import RuntimeFailure
 from segserve.serving.ts_config import read_properties
 
@@ -99,7 +100,7 @@ def _haproxy_beyond_loopback(view: RayView) -> list[Listener]:
         one
         for verdict in view.listeners.values()
         for one in verdict
-        if one.pid in view.haproxy_pids and one.ip not in LOOPBACK and not inference.endswith(f":{one.port}")
+        if one.pid in view.haproxy_pids and not on_loopback(one.ip) and not inference.endswith(f":{one.port}")
     ]
 
 
@@ -171,8 +172,8 @@ RAY_RULES = (
     RayRule(
         "listener",
         "High",
-        lambda v: [_where([one]) for one in v.listeners.get("open", []) if one.pid not in v.haproxy_pids],
-        "answers a request without a key beyond this host: {what}",
+        lambda v: [_where([one]) for one in v.listeners.get("open", []) + v.listeners.get("unknown", []) if one.pid not in v.haproxy_pids],
+        "answers a request without a key beyond this host, or answers neither HTTP/1 nor Ray's gRPC: {what}",
         "bind it to 127.0.0.1, or stop what opened it",
         "server",
     ),
@@ -197,8 +198,8 @@ RAY_RULES = (
         "Low",
         lambda v: [_where([one]) for one in v.listeners.get("ray-metrics", [])],
         "Ray's own Prometheus exporters answer beyond this host without a key: {what}: read-only metrics (node and job "
-        "names, resource use); no Ray 2.60 setting binds them to loopback",
-        "keep these ports from other hosts (a firewall, or a network namespace)",
+        "names, resource use); a node of a cluster binds them to its address",
+        "keep these ports from other hosts (a firewall, or a network namespace); a local engine has them on loopback",
         "server",
     ),
 )

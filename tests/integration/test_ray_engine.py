@@ -181,10 +181,13 @@ def test_stop_leaves_no_process_and_no_folder(store, tmp_path):
 
 
 def test_every_listener_is_on_loopback_or_refuses_a_request_without_a_key(ray):
-    """docs/security.md's table: HAProxy's stats and metrics on loopback (Ray's template binds them everywhere), the
-    rest keyed; Ray's own Prometheus exporters are the known open ones, nothing else."""
+    """docs/security.md's table: a local engine listens on loopback alone, Ray's own servers and Prometheus exporters
+    included (engine.LOOPBACK_ONLY), HAProxy's stats and metrics too (Ray's template binds them everywhere), but for
+    Serve's replicas' inter-deployment gRPC servers, which Serve binds to [::] in code: Ray's token guards them."""
     found = exposure(ray.process_ids())
-    assert not found.get("open"), found.get("open")
+    assert set(found) <= {"loopback", "keyed"}, {verdict: found[verdict] for verdict in found if verdict != "loopback"}
+    assert {listener.process.startswith("ray::ServeReplica:") for listener in found.get("keyed", [])} == {True}, found
+    processes = {listener.process for listener in found["loopback"]}
+    assert {"gcs_server", "raylet", "ray::DashboardAgent"} <= processes, processes  # Ray's servers were looked at
     if ray.haproxy:
         assert sum(listener.process == "haproxy" for listener in found["loopback"]) == 3  # frontend, stats, metrics
-    assert {listener.process for listener in found.get("ray-metrics", [])} <= {"python", "ray::DashboardAgent"}

@@ -78,8 +78,9 @@ def test_each_engine_names_only_real_commands_among_those_it_refuses(tmp_path):
 
 
 def locked_down(**changes) -> RayView:
-    """A Ray engine as `segserve serve --engine ray` runs it: nothing but Ray's own exporters to report."""
-    exporter = Listener(7, "python", "0.0.0.0", 44217)
+    """A Ray engine as `segserve serve --engine ray` runs it: nothing to report (Ray on loopback, Serve's replicas'
+    gRPC off it but token-guarded)."""
+    exporter = Listener(7, "python", "127.0.0.1", 44217)
     view = {
         "run_dir": Path("/run"),
         "addresses": {"inference_address": "http://127.0.0.1:8080", "management_address": "http://127.0.0.1:8081"},
@@ -87,10 +88,12 @@ def locked_down(**changes) -> RayView:
         "keys": ("management", "inference"),
         "auth_modes": {1: "token", 2: "token"},
         "dashboards": (),
-        "listeners": {"loopback": [Listener(1, "python", "127.0.0.1", 8081)], "keyed": [Listener(2, "gcs_server", "::", 6379)]},
+        "listeners": {
+            "loopback": [Listener(1, "python", "127.0.0.1", 8081), exporter],
+            "keyed": [Listener(2, "ray::ServeReplica:model:echo:echo", "::", 41234)],
+        },
         "haproxy_pids": (3,),
     }
-    view["listeners"]["ray-metrics"] = [exporter]
     return RayView(**(view | changes))
 
 
@@ -108,7 +111,9 @@ BREAKING = [
     ({"file_modes": {"key_file.json": 0o600, "ray_auth_token": None}}, "ray_auth_token", "High", "ray_auth_token is missing"),
     ({"dashboards": (4,)}, "dashboard", "High", "jobs API (pid 4)"),
     ({"listeners": {"open": [Listener(5, "ray::Thing", "0.0.0.0", 5000)]}}, "listener", "High", "0.0.0.0:5000 (pid 5, ray::Thing)"),
+    ({"listeners": {"unknown": [Listener(6, "raylet", "0.0.0.0", 5001)]}}, "listener", "High", "0.0.0.0:5001 (pid 6, raylet)"),
     ({"listeners": {"open": [Listener(3, "haproxy", "0.0.0.0", 8404)]}}, "haproxy_stats", "Medium", "0.0.0.0:8404 (pid 3, haproxy)"),
+    ({"listeners": {"ray-metrics": [Listener(7, "python", "192.0.2.2", 44217)]}}, "ray_metrics", "Low", "192.0.2.2:44217"),
     ({"addresses": {"inference_address": "http://192.0.2.1:8080"}}, "inference_address", "Low", "inference_address=http://127.0.0.1:8080"),
 ]
 
@@ -119,10 +124,9 @@ def test_each_ray_rule_fires_on_an_engine_that_breaks_it(changes, key, severity,
     assert [f.severity for f in found] == [severity] and (says in found[0].rule or says in found[0].fix), found
 
 
-def test_a_locked_down_engine_reports_only_rays_open_exporters_and_every_rule_has_a_breaking_case():
-    (found,) = audit_ray(locked_down())
-    assert (found.severity, found.key, found.line) == ("Low", "ray_metrics", "server") and "0.0.0.0:44217" in found.rule
-    assert {key for _, key, _, _ in BREAKING} | {"ray_metrics"} == {rule.key for rule in RAY_RULES}
+def test_a_locked_down_engine_reports_nothing_and_every_rule_has_a_breaking_case():
+    assert audit_ray(locked_down()) == []
+    assert {key for _, key, _, _ in BREAKING} == {rule.key for rule in RAY_RULES}
     # HAProxy's own frontend (the inference port) beyond loopback is the inference address's (Low), guarded by the key
     frontend = locked_down(
         addresses={"inference_address": "http://0.0.0.0:8080", "management_address": "http://127.0.0.1:8081"},

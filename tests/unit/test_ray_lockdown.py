@@ -110,7 +110,9 @@ def listener(ip: str, process: str = "gcs_server") -> exposure.Listener:
 
 def test_a_listener_is_fine_on_loopback_or_refusing_a_keyless_request_and_open_otherwise():
     assert exposure.verdict(listener("127.0.0.1"), 200, b"<html>") == "loopback"
-    assert exposure.verdict(listener("::"), None, b"") == "keyed"  # gRPC: Ray's token
+    assert exposure.verdict(listener("::"), None, b"", "UNAUTHENTICATED") == "keyed"  # gRPC: Ray's token
+    assert exposure.verdict(listener("::"), None, b"", "UNIMPLEMENTED") == "open"  # a gRPC server taking keyless calls
+    assert exposure.verdict(listener("::"), None, b"", None) == "unknown"  # neither HTTP/1 nor gRPC
     assert exposure.verdict(listener("0.0.0.0", "ray::ServeReplica:model:echo:echo"), 400, b"{") == "keyed"
     assert exposure.verdict(listener("192.0.2.2", "ray::DashboardAgent"), 401, b"Unauthorized") == "keyed"
     assert exposure.verdict(listener("0.0.0.0", "ray::DashboardAgent"), 200, b"# HELP python_gc") == "ray-metrics"

@@ -52,6 +52,13 @@ from segserve.serving.management import ManagementClient
 from segserve.serving.server import SERVER_ENV, archive_environment, scratch_home
 from segserve.serving.ts_config import free_port, read_properties
 
+# A local engine's Ray on loopback only. Ray resolves a node IP of 127.0.0.1 to the machine's address, so that other
+# nodes could join (services.resolve_ip_for_localhost), and its servers (GCS, raylet, workers, agents) and its three
+# Prometheus exporters then listen on all interfaces; where Ray clusters are off (ray_constants.ENABLE_RAY_CLUSTER, on
+# Linux only by this variable: its name says what it was for) the node IP stays 127.0.0.1 and every one of them binds
+# loopback (docs/security.md). Nothing else reads it (Ray 2.60: services.get_node_ip_address, `ray start`).
+LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
 # config.properties keys of TorchServe's Java frontend (JVM, netty, gRPC): nothing of the Ray engine reads them
 TORCHSERVE_ONLY_KEYS = (
     "vmargs",
@@ -288,6 +295,7 @@ class RayServe(ManagementClient):
         if self.cluster:  # the cluster's token, where the user keeps it (cluster.driver_environment)
             env.pop("RAY_AUTH_TOKEN_PATH")
             return env | self._cluster_auth
+        env |= LOOPBACK_ONLY
         return env | (haproxy_env(temp_dir, self._host, frozenset({self.port, self.management_port})) if self.haproxy else {})
 
     def cluster_environment(self) -> dict[str, str]:
