@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import stat
 import tempfile
 import time
@@ -71,10 +72,12 @@ def _pin(cpus: list[int]) -> list[int]:
 
 
 # Without a core plan --------------------------------------------------------------------------------
-# <tmp>/segserve-workers-<uid>/<process group>/<model>/<pid>.lock: `segserve serve` gives each server its own TMPDIR,
-# and a server's workers share its process group; handlers run in other processes (tests, bench inputs) do not count.
+# <tmp>/segserve-workers-<uid>/<group>/<model>/<pid>.lock: `segserve serve` gives each server its own TMPDIR, and a
+# TorchServe's workers share its process group; handlers run in other processes (tests, bench inputs) do not count.
+# Ray starts each replica as a process group of its own, so the Ray engine names its replicas' group in GROUP_ENV.
 # Under a stock `torchserve` <tmp> is the shared /tmp: the folder is the user's own (mode 0700), or not used.
 WORKERS_DIR = "segserve-workers"
+GROUP_ENV = "SEGSERVE_WORKERS_GROUP"
 # The longest a worker waits for its own lock file, held only while a peer removes a stale file of its pid (a moment);
 # longer, and something else holds it (a process of another pid namespace that shares <tmp>): it goes on uncounted.
 REGISTER_WAIT_S = 10.0
@@ -107,6 +110,15 @@ def workers_root() -> Path | None:
         )  # fmt: skip
         return None
     return root
+
+
+def workers_group() -> str:
+    """The folder of the workers that count one another: GROUP_ENV where it is a plain name (a path would leave the
+    root), else this process's group (TorchServe's frontend and its workers)."""
+    named = os.environ.get(GROUP_ENV, "")
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", named):
+        return named
+    return str(os.getpgid(0))
 
 
 def register_worker(directory: Path):
@@ -181,7 +193,7 @@ class SharedCores:
         self.cores = len(os.sched_getaffinity(0))
         if directory is None:
             root = workers_root()
-            directory = root / str(os.getpgid(0)) / model_name if root is not None else None
+            directory = root / workers_group() / model_name if root is not None else None
         self.lock = register_worker(directory) if directory is not None else None
         # unregistered (a folder not ours, a lock file held): it counts alone, as a worker of no peers would
         self.directory = directory if self.lock is not None else None

@@ -27,7 +27,7 @@ class Engine(Protocol):
     run_dir: Path
     model_store: Path | None
     # segserve commands that read what only another engine has (its processes, logs, metrics), each with why:
-    # "pin --show" → "shows ...". TorchServe: none; the Ray engine: segserve/engines/ray/commands.py
+    # "autoscale" → "moves ...". TorchServe: none; the Ray engine: segserve/engines/ray/commands.py
     refused_commands: Mapping[str, str]
 
     def start(self, startup_timeout_s: float = ..., log=print): ...
@@ -58,6 +58,8 @@ class Engine(Protocol):
     def refusal(self, target, autoscale: bool = False) -> str | None: ...  # why it cannot serve a target (autoscaled) yet
 
     def process_ids(self) -> list[int]: ...
+
+    def server_processes(self) -> list[tuple[str, int]]: ...  # (role, pid) of each process that is no worker: `pin --show`
 
 
 def recorded(run_dir: Path) -> str:
@@ -108,8 +110,6 @@ def open_engine(
 
         return TorchServe(run_dir=run_dir, model_store=model_store, config_template=config, port_base=port_base, core_plan=core_plan)
     if name == "ray":
-        if core_plan is not None:
-            raise UsageError("--core-plan pins TorchServe's frontend and workers: not on the Ray engine (docs/ray.md)")
         from segserve.engines.ray import cluster
         from segserve.engines.ray.engine import RayServe
 
@@ -118,5 +118,6 @@ def open_engine(
         # on a cluster, HAProxy mode is each node's own setting (docs/ray.md): Serve's proxy unless asked otherwise
         haproxy = (ray_proxy or ("default" if ray_cluster else RAY_PROXY_DEFAULT)) == "haproxy"
         options = {"model_store": model_store, "config_template": config, "port_base": port_base, "haproxy": haproxy}
+        options["core_plan"] = core_plan
         return RayServe(run_dir=run_dir, cluster=ray_cluster, **options)
     raise UsageError(f"unknown engine {name!r}: one of {', '.join(ENGINES)}")

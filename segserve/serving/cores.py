@@ -1,5 +1,5 @@
 """Core plans for the whole server: which cores the frontend gets and how each model's cores split into
-worker slots; and `segserve pin --show`, the live affinity of every TorchServe process.
+worker slots; and `segserve pin --show`, the live affinity of every process of a server (either engine).
 
     # core_plan.yaml (2 cores: frontend and the JPEG node on core 0, segmentation on core 1)
     frontend: [0]
@@ -177,11 +177,9 @@ def cpus_allowed(pid: int) -> str:
 
 
 def live_affinity(server) -> list[dict]:
-    """One row per process: the frontend, then every worker of every registered model."""
-    rows = []
-    for pid in server.process_ids():
-        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java"):
-            rows.append({"model": "(frontend)", "pid": pid, "cpus": cpus_allowed(pid)})
+    """One row per process: the server's own (TorchServe's frontend; the Ray engine's frontend, HAProxy and Serve's
+    proxy, and Ray's other processes), then every worker (replica) of every registered model."""
+    rows = [{"model": f"({role})", "pid": pid, "cpus": cpus_allowed(pid)} for role, pid in server.server_processes()]
     for model in sorted(m["modelName"] for m in server.call("management", "GET", "/models?limit=1000").json()["models"]):
         for worker in server.describe(model).get("workers", []):
             if worker.get("pid"):

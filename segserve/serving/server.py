@@ -403,6 +403,11 @@ class TorchServe(ManagementClient):
         """The output capture, the torchserve launcher, the Java frontend and every worker."""
         return sorted(p.pid for p in processes.server_processes(self.run_dir, self._own_ports()))
 
+    def server_processes(self) -> list[tuple[str, int]]:
+        """("frontend", pid) of the Java frontend (`pin --show`: its workers come from describe)."""
+        pids = self.process_ids()
+        return [("frontend", pid) for pid in pids if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java")]
+
 
 def _sizes(logs: Path) -> dict[Path, int]:
     return {path: path.stat().st_size if path.exists() else 0 for path in (logs / "torchserve.out", logs / "ts_log.log")}

@@ -57,6 +57,7 @@ def test_torchserves_own_settings_on_a_ray_point_are_refused_by_name(tmp_path, g
     [
         "grid: {server: {netty_threads: [4], pinning: [torchserve]}, load: {concurrency: [8], protocol: [grpc]}}",
         "grid: {server: {engine: [ray], pinning: [none], omp_num_threads: [1]}, load: {concurrency: [8], protocol: [http]}}",
+        f"core_plan: {ROOT / 'core_plan.yaml'}\ngrid: {{server: {{engine: [torchserve, ray], pinning: [none, plan]}}}}",
     ],
 )
 def test_settings_both_engines_take_are_not_refused(tmp_path, grid):

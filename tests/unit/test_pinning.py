@@ -5,6 +5,8 @@ import fcntl
 import multiprocessing
 import os
 import stat
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -162,6 +164,28 @@ def test_a_folder_of_the_users_own_is_made_with_mode_0700_and_used(tmp_path, mon
         assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700 and shared.lock is not None
         assert (root / str(os.getpgid(0)) / "m" / f"{os.getpid()}.lock").is_file()
     finally:
+        torch.set_num_threads(threads_before)
+
+
+def test_workers_each_leading_a_process_group_count_one_another_by_the_group_their_engine_names(tmp_path, monkeypatch):
+    """Ray starts every replica as a process group of its own: counted by process group, two replicas of a model on 2
+    cores would run 2 threads each. The Ray engine names their group (SEGSERVE_WORKERS_GROUP); a name that is no
+    plain folder name is not used (the process group is)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv(pinning.GROUP_ENV, "ray-engine1")
+    child = "import sys; from handlers.pinning import SharedCores; SharedCores('m'); print('up', flush=True); sys.stdin.read()"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    threads_before = torch.get_num_threads()
+    peer = subprocess.Popen([sys.executable, "-c", child], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert peer.stdout.readline() == b"up\n"
+        assert os.getpgid(peer.pid) != os.getpgid(0)  # a group of its own, as a replica's
+        shared = SharedCores("m")
+        assert shared.live_workers() == 2 and shared.directory == tmp_path / f"{WORKERS_DIR}-{os.getuid()}" / "ray-engine1" / "m"
+        monkeypatch.setenv(pinning.GROUP_ENV, "../elsewhere")
+        assert pinning.workers_group() == str(os.getpgid(0))
+    finally:
+        peer.communicate(b"", timeout=30)
         torch.set_num_threads(threads_before)
 
 

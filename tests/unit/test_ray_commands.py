@@ -1,5 +1,5 @@
-"""Every segserve command on a Ray engine's run folder, without Ray running (#66, items 4 and 5): `pin --show` and
-`autoscale` refused by name, `profile` not refused; `audit --run-dir` with the Ray engine's rules, each firing on
+"""Every segserve command on a Ray engine's run folder, without Ray running (#66, items 4 and 5): `autoscale`
+refused by name, `profile` and `pin --show` not refused; `audit --run-dir` with the Ray engine's rules, each firing on
 a run folder or process that breaks it (a stand-in engine process: a loopback management API carrying the run
 folder's marker); `audit --management` pointed at the Ray engine's real management server refused by name; and
 `audit --run-dir` of a TorchServe run folder as `audit CONFIG --management URL --token-file F`."""
@@ -46,7 +46,6 @@ def common(run_dir: Path) -> list[str]:
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["pin", "--show"], "segserve pin --show shows the CPU affinity of TorchServe's frontend"),
         (["autoscale", "--dag", "seg_jpeg"], "segserve autoscale moves workers by what TorchServe's metrics API counts"),
         (["autoscale", "--workflow", "flow"], "segserve autoscale moves workers by what TorchServe's metrics API counts"),
     ],
@@ -61,12 +60,14 @@ def test_commands_that_read_torchserves_own_processes_or_metrics_are_refused_by_
     assert "no TorchServe runs from" in capsys.readouterr().err
 
 
-def test_profile_acts_on_the_ray_engine_and_says_how_to_start_it(tmp_path, capsys):
-    # profile reads its workers' pids from describe and its traces through the run folder: both as on TorchServe
+@pytest.mark.parametrize("argv", [["profile", "seg_jpeg_fused", "--seconds", "1"], ["pin", "--show"]])
+def test_profile_and_pin_show_act_on_the_ray_engine_and_say_how_to_start_it(tmp_path, capsys, argv):
+    # profile reads its workers' pids from describe and its traces through the run folder, pin --show the engine's
+    # processes and its replicas' pids: as on TorchServe
     ray = ray_run_folder(tmp_path / "ray")
-    assert main(["profile", "seg_jpeg_fused", "--seconds", "1", *common(ray)]) == 1
+    assert main([*argv, *common(ray)]) == 1
     err = capsys.readouterr().err
-    assert f"no Ray engine runs from {ray.resolve()}: start it with `segserve serve --engine ray --targets seg_jpeg_fused`" in err, err
+    assert f"no Ray engine runs from {ray.resolve()}: start it with `segserve serve --engine ray" in err, err
 
 
 def test_each_engine_names_only_real_commands_among_those_it_refuses(tmp_path):
@@ -74,7 +75,7 @@ def test_each_engine_names_only_real_commands_among_those_it_refuses(tmp_path):
     options = {"model_store": tmp_path, "config": ROOT / "config.properties"}
     assert dict(open_engine("torchserve", tmp_path, **options).refused_commands) == {}
     refused = open_engine("ray", tmp_path, **options).refused_commands
-    assert set(refused) == {"pin --show", "autoscale"} and {command.split()[0] for command in refused} <= names
+    assert set(refused) == {"autoscale"} and {command.split()[0] for command in refused} <= names
 
 
 def locked_down(**changes) -> RayView:

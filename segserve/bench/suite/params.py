@@ -218,7 +218,7 @@ TORCHSERVE_ONLY = {
     ("server", "jvm_options"): None,
     ("server", "prefer_direct_buffer"): None,
     ("server", "venv"): None,
-    ("server", "pinning"): ("torchserve", "plan"),
+    ("server", "pinning"): ("torchserve",),  # TorchServe's CPU launcher; a core plan pins Ray's replicas too
     ("runtime", "autoscale"): (True,),
     ("load", "protocol"): ("grpc",),
 }

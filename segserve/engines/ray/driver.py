@@ -63,6 +63,8 @@ def main(plan_path: str) -> int:
     from segserve.engines.ray.registry import Registry
 
     deployed = False
+    if plan.get("frontend_cores"):  # a core plan's (engine._load_core_plan): Ray's processes start from this affinity
+        os.sched_setaffinity(0, plan["frontend_cores"])
     try:
         connect(plan)
         # after ray.init, which installs a SIGTERM handler of its own that stops nothing

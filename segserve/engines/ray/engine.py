@@ -26,6 +26,7 @@ shared folder (the run folder's key_file.json a link to it), and stop() has the 
 only: the cluster and Serve's controller and proxies keep running.
 """
 
+import hashlib
 import json
 import os
 import secrets
@@ -58,6 +59,8 @@ from segserve.serving.ts_config import free_port, read_properties
 # Linux only by this variable: its name says what it was for) the node IP stays 127.0.0.1 and every one of them binds
 # loopback (docs/security.md). Nothing else reads it (Ray 2.60: services.get_node_ip_address, `ray start`).
 LOOPBACK_ONLY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+WORKERS_GROUP_ENV = "SEGSERVE_WORKERS_GROUP"  # handlers/pinning.py's GROUP_ENV (that module imports torch)
 
 # config.properties keys of TorchServe's Java frontend (JVM, netty, gRPC): nothing of the Ray engine reads them
 TORCHSERVE_ONLY_KEYS = (
@@ -128,6 +131,7 @@ class RayServe(ManagementClient):
     # as a TorchServe for a user's archive has it; None: segserve's whole environment
     worker_env: tuple[str, ...] | None = None
     cluster: clusters.Cluster | None = None  # a user's running Ray cluster to deploy onto (None: a local Ray of its own)
+    core_plan: Path | None = None  # a core plan YAML (`serve --core-plan`, segserve/serving/cores.py): Ray on its frontend cores
 
     engine = "ray"
     title = "the Ray engine"
@@ -197,6 +201,7 @@ class RayServe(ManagementClient):
         settings = self._settings()
         if ignored := [key for key in TORCHSERVE_ONLY_KEYS if key in settings]:
             log(f"{self.config_template}: {', '.join(ignored)}: TorchServe's own (its JVM, netty, gRPC), not used by the Ray engine")
+        frontend_cores = self._load_core_plan()
         if self.cluster:  # every refusal before anything starts
             if self.haproxy:
                 raise UsageError(
@@ -256,6 +261,7 @@ class RayServe(ManagementClient):
             "temp_dir": str(temp_dir),
             "ready": str(ready),
             "num_cpus": self.num_cpus,
+            "frontend_cores": frontend_cores,
         }
         (self.run_dir / "ray_plan.json").write_text(json.dumps(plan, indent=2))
         self.driver_log.parent.mkdir(exist_ok=True)
@@ -270,6 +276,21 @@ class RayServe(ManagementClient):
             raise
         log(f"the Ray engine is up: inference {self.url('inference')}, management {self.url('management')}")
         return time.monotonic() - began
+
+    def _load_core_plan(self) -> list[int] | None:
+        """The core plan's frontend cores (None without a plan), the plan written where replicas read it, as a
+        TorchServe's workers do (SEGSERVE_CORE_PLAN: handlers/pinning.py claims a model's slot in each replica). The
+        driver runs on the frontend cores, so Ray's processes, HAProxy and Serve's proxy do, and every replica starts
+        there before it claims its slot; a model the plan does not name stays there (as on TorchServe)."""
+        if self.core_plan is None:
+            return None
+        if self.cluster:
+            raise UsageError("--core-plan pins the processes of one machine: not on a Ray cluster (--ray-address)")
+        from segserve.serving.cores import load_plan, write_plan_json
+
+        plan = load_plan(self.core_plan)
+        self.env = {**self.env, "SEGSERVE_CORE_PLAN": str(write_plan_json(plan, self.run_dir))}
+        return plan.frontend
 
     @property
     def archive_home(self) -> Path:
@@ -296,6 +317,9 @@ class RayServe(ManagementClient):
             env.pop("RAY_AUTH_TOKEN_PATH")
             return env | self._cluster_auth
         env |= LOOPBACK_ONLY
+        # a model's replicas share its cores as a TorchServe's workers do: each is a process group of its own, so the
+        # group they count one another in is named (handlers/pinning.py GROUP_ENV)
+        env[WORKERS_GROUP_ENV] = f"ray-{hashlib.sha256(str(self.run_dir.resolve()).encode()).hexdigest()[:16]}"
         return env | (haproxy_env(temp_dir, self._host, frozenset({self.port, self.management_port})) if self.haproxy else {})
 
     def cluster_environment(self) -> dict[str, str]:
@@ -404,6 +428,13 @@ class RayServe(ManagementClient):
             if process.pid not in replicas:
                 groups.setdefault(process_role(_name(process), _cmdline(process)), []).append(process.pid)
         return groups
+
+    def server_processes(self) -> list[tuple[str, int]]:
+        """(role, pid) of every process of the engine that is no replica: process_role's "frontend" (HAProxy,
+        Serve's proxy) and "ray" for the rest (GCS, raylet, agents, the driver, the ingress, idle workers)."""
+        groups = self.process_groups(tuple(self.models()))
+        own = [("frontend", pid) for pid in sorted(groups.get("frontend", []))]
+        return own + [("ray", pid) for pid in sorted(groups.get("other", []))]
 
     def __enter__(self) -> "RayServe":
         self.start()

@@ -137,7 +137,7 @@ class TorchServeTargets(Kind):
         run_dir = Path(tempfile.mkdtemp(prefix="segserve-bench-ts-"))
         config = self.catalog.config_template
         if params.get("engine") == "ray":
-            self.server = self.ray_engine(run_dir, env, worker_env, installs)
+            self.server = self.ray_engine(run_dir, env, worker_env, installs, core_plan)
         else:
             ports = {"port_base": self.port_base} if self.port_base else {"free_ports": True}
             venv = Path(params["venv"]) if params.get("venv") else None
@@ -147,7 +147,7 @@ class TorchServeTargets(Kind):
         self.changes["restarts"] += 1
         self.server_key, self.registered_key, self.current_workers = (point.server, worker_env, installs), None, {}
 
-    def ray_engine(self, run_dir: Path, env: dict, worker_env, installs: bool) -> RayServe:
+    def ray_engine(self, run_dir: Path, env: dict, worker_env, installs: bool, core_plan: Path | None = None) -> RayServe:
         """A point's Ray engine (grid.server.engine ray): HAProxy in front, as `segserve serve --engine ray` starts it,
         the same server environment and archive environment as a TorchServe point's, on free ports (or port_base's).
         On the user's cluster (`bench run --ray-address`): deployed onto it, Serve's proxy in front (HAProxy mode
@@ -156,7 +156,7 @@ class TorchServeTargets(Kind):
             raise UsageError("install_requirements: TorchServe's install_py_dep_per_model; on a Ray point not yet (docs/ray.md)")
         ports = {"port_base": self.port_base} if self.port_base else {"port": free_port(), "management_port": free_port()}
         config, haproxy = self.catalog.config_template, self.cluster is None
-        options = {"env": env, "worker_env": worker_env, "cluster": self.cluster}
+        options = {"env": env, "worker_env": worker_env, "cluster": self.cluster, "core_plan": core_plan}
         return RayServe(run_dir, model_store=self.store, config_template=config, haproxy=haproxy, **options, **ports)
 
     def requirements_key(self, name: str):
