@@ -5,7 +5,9 @@
 - the workflow shapes of tests/system/test_fuse.py (chain, fan-out, the dog-breed join, the aggregate with a node that
   fails a row), built by its own builders with the official archivers, each .war and its fused .mar, their inputs sent
   all at once so that rows batch;
-- TorchServe's built-in image_segmenter .mar (benchmarks/foreign/build_image_segmenter.py: LR-ASPP, random weights).
+- TorchServe's built-in image_segmenter, object_detector and image_classifier handlers, each in a .mar of ours
+  (benchmarks/foreign/build_image_segmenter.py: LR-ASPP; build_builtin_vision.py: Faster R-CNN as an eager model file
+  and state dict, MobileNetV3-Small as TorchScript; random weights), sent the same five bodies.
 
 One TorchServe and one Ray engine (HAProxy mode, `segserve serve --engine ray`'s default) serve everything, one after
 the other (a third of the memory and none of the CPU of the other while each answers). Where TorchServe differs by
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -54,7 +57,11 @@ SHAPE_INPUTS = {
 }
 LEAVES = {"fanout": ["histogram", "checksum"]}  # a shape of several leaves: TorchServe lists them as they finished
 FUSED = {"workers": 1, "batch_size": 4, "max_batch_delay_ms": 200}  # test_fuse.py's registration of a fused .mar
-SEGMENTER = "/predictions/image_segmenter"
+BUILT_INS = {  # each of TorchServe's built-in vision handlers, in an archive of its name
+    "segmenter": "/predictions/image_segmenter",
+    "detector": "/predictions/object_detector",
+    "classifier": "/predictions/image_classifier",
+}
 
 
 def quiet(*_) -> None:
@@ -74,7 +81,9 @@ def corpus() -> list[tuple[str, str, bytes]]:
     return items
 
 
-def segmenter_inputs() -> list[tuple[str, bytes]]:
+def image_inputs() -> list[tuple[str, bytes]]:
+    """What the built-in handlers are sent: two images (a 300×520 PNG, samples/shapes_1.jpg), a raw FP16 tensor, a
+    truncated JPEG and text."""
     png, raw, jpeg = fanout_bodies()
     return [("png", png), ("raw fp16", raw), ("jpeg", jpeg), ("truncated jpeg", jpeg[:2000]), ("text", b"not an image")]
 
@@ -82,29 +91,31 @@ def segmenter_inputs() -> list[tuple[str, bytes]]:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, model_store) -> Path:
     """The catalog's seg_jpeg family (session model_store), test_fuse.py's shapes and their fused .mar files, and
-    TorchServe's image_segmenter .mar, in one model store."""
+    the .mar files of TorchServe's built-in vision handlers, in one model store."""
     folder = tmp_path_factory.mktemp("same_bytes_store")
     for name in ("seg.mar", "jpeg.mar", "seg_jpeg.war", "seg_jpeg_fused.mar"):
         shutil.copy(model_store / name, folder / name)
     user_store(folder)
     for name in WORKFLOWS:
         assert main(["fuse", str(folder / f"{name}.war"), "--model-store", str(folder)]) == 0
-    build = [sys.executable, str(ROOT / "benchmarks/foreign/build_image_segmenter.py"), str(folder)]
-    done = subprocess.run(build, capture_output=True, timeout=300)
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    for builder in ("build_image_segmenter.py", "build_builtin_vision.py"):
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks/foreign" / builder), str(folder)], capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
     return folder
 
 
 def register_everything(engine, at_once: int) -> None:
     """What each engine serves, through TorchServe's management API: the catalog's family as `segserve serve`
-    registers it, test_fuse.py's .war files and fused .mar files as it registers them, the image_segmenter .mar."""
+    registers it, test_fuse.py's .war files and fused .mar files as it registers them, the built-in handlers' .mar files."""
     catalog = Catalog(ROOT)
     targets = [catalog.target(name) for name in catalog.family("seg_jpeg")]
     with ThreadPoolExecutor(at_once) as pool:
         jobs = [pool.submit(register, engine, targets, quiet)]
         jobs += [pool.submit(engine.register_workflow, f"{name}.war", name, quiet) for name in WORKFLOWS]
         jobs += [pool.submit(engine.register_model, f"fused_{name}.mar", f"fused_{name}", **FUSED, log=quiet) for name in WORKFLOWS]
-        jobs.append(pool.submit(engine.register_model, "image_segmenter.mar", "image_segmenter", workers=1, log=quiet))
+        for path in BUILT_INS.values():
+            name = path.rsplit("/", 1)[1]
+            jobs.append(pool.submit(engine.register_model, f"{name}.mar", name, workers=1, log=quiet))
         for job in jobs:
             job.result()
 
@@ -124,8 +135,8 @@ def answers_of(engine) -> dict[str, dict]:
             for path in (f"/wfpredict/{shape}", f"/predictions/fused_{shape}"):
                 replies = post(engine, [(path, body) for body in bodies])
                 shapes |= {(path, round_, i): (r.status, r.content_type, r.body) for i, r in enumerate(replies)}
-    segmenter = {(SEGMENTER, name): one(SEGMENTER, body) for name, body in segmenter_inputs()}
-    return {"catalog": catalog, "shapes": shapes, "segmenter": segmenter}
+    built_ins = {group: {(path, name): one(path, body) for name, body in image_inputs()} for group, path in BUILT_INS.items()}
+    return {"catalog": catalog, "shapes": shapes, **built_ins}
 
 
 @pytest.fixture(scope="module")
@@ -223,4 +234,44 @@ def test_torchserves_built_in_image_segmenter_gets_torchserves_answers(torchserv
     expected, got = torchserve_answers["segmenter"], ray_answers["segmenter"]
     assert not differences(expected, got), "\n".join(differences(expected, got))
     # TorchServe answers the handler's JSON list with no content type, and a body that is no image: the batch failed
-    assert expected[SEGMENTER, "jpeg"][:2] == (200, "") and expected[SEGMENTER, "text"][0] == 503
+    segmenter = BUILT_INS["segmenter"]
+    assert expected[segmenter, "jpeg"][:2] == (200, "") and expected[segmenter, "text"][0] == 503
+
+
+def class_names(archive: Path) -> set[str]:
+    """The names of the archive's index_to_name.json, which the handler answers with."""
+    with zipfile.ZipFile(archive) as zipped:
+        return set(json.loads(zipped.read("index_to_name.json")).values())
+
+
+def test_torchserves_built_in_object_detector_gets_torchserves_answers(store, torchserve_answers, ray_answers):
+    """An eager model (the archive's model file and state dict) and the handler's own 0.5 threshold: boxes of the
+    archive's classes in both images."""
+    expected, got = torchserve_answers["detector"], ray_answers["detector"]
+    assert not differences(expected, got), "\n".join(differences(expected, got))
+    detector = BUILT_INS["detector"]
+    for image in ("jpeg", "png"):
+        status, kind, body = expected[detector, image]
+        assert (status, kind) == (200, ""), (image, status, body[:200])
+        detections = json.loads(body)  # [{class name: [x1, y1, x2, y2], "score": s}, ...]
+        scores = [found.pop("score") for found in detections]
+        assert len(detections) >= 5 and min(scores) >= 0.5 and {len(found) for found in detections} == {1}, body[:300]
+        assert {name for found in detections for name in found} <= class_names(store / "object_detector.mar") - {"background"}
+    # what PIL cannot read fails the batch: TorchServe's 503, the same envelope on Ray
+    assert [expected[detector, name][0] for name in ("raw fp16", "truncated jpeg", "text")] == [503, 503, 503]
+
+
+def test_torchserves_built_in_image_classifier_gets_torchserves_answers(store, torchserve_answers, ray_answers):
+    """TorchScript and the handler's top five, named by the archive's index_to_name.json."""
+    expected, got = torchserve_answers["classifier"], ray_answers["classifier"]
+    assert not differences(expected, got), "\n".join(differences(expected, got))
+    classifier = BUILT_INS["classifier"]
+    tops = {}
+    for image in ("jpeg", "png"):
+        status, kind, body = expected[classifier, image]
+        assert (status, kind) == (200, ""), (image, status, body[:200])
+        tops[image] = json.loads(body)
+        assert len(tops[image]) == 5 and set(tops[image]) <= class_names(store / "image_classifier.mar"), body
+        assert list(tops[image].values()) == sorted(tops[image].values(), reverse=True), body
+    assert tops["jpeg"] != tops["png"]  # calibrated random weights: the answer depends on the image
+    assert [expected[classifier, name][0] for name in ("raw fp16", "truncated jpeg", "text")] == [503, 503, 503]
