@@ -52,3 +52,21 @@ def test_a_worker_batch_while_the_request_is_being_written_never_sees_it_half_wr
     traces = request_traces(tmp_path, ["m"], tmp_path / "out")
     assert at_the_write == [None]  # nothing there to take yet
     assert claim(pending) == str(traces["m"].resolve())  # the next batch takes the whole request
+
+
+def test_a_ray_replicas_group_name_gives_a_file_in_the_profile_folder(tmp_path):
+    """A Ray engine's replicas are grouped as "<model>/<pid>": py-spy was told to write into a folder that does not
+    exist ("No such file or directory", no flame graph of any replica)."""
+    import subprocess
+    import sys
+
+    from segserve.bench.run.profiler import finish_samplers, start_samplers
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: sum(range(10000))"])
+    try:
+        samplers = start_samplers({f"seg/{sleeper.pid}": [sleeper.pid]}, 1, 50, tmp_path)
+        assert finish_samplers(samplers, timeout_s=60) == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"seg-{sleeper.pid}-{sleeper.pid}.svg", f"seg-{sleeper.pid}-{sleeper.pid}.txt"]

@@ -64,7 +64,7 @@ def start_samplers(pids: dict[str, list[int]], seconds: float, rate_hz: int, out
     for model, worker_pids in pids.items():
         for pid in worker_pids:
             for fmt, suffix in (("flamegraph", "svg"), ("raw", "txt")):
-                path = out / f"{model}-{pid}.{suffix}"
+                path = out / f"{model.replace('/', '-')}-{pid}.{suffix}"  # a Ray replica's group: "<model>/<pid>"
                 command = [py_spy(), "record", "--pid", str(pid), "--duration", str(max(1, round(seconds))), "--rate", str(rate_hz)]
                 command += ["--nonblocking", "--format", fmt, "--output", str(path)]
                 process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
