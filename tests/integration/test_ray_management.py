@@ -1,10 +1,10 @@
 """The Ray engine from `segserve serve --engine ray --no-targets` to `serve --stop`, through TorchServe's management
 API on its own port: a .mar registered (POST /models?url=), predicted, scaled to two workers under concurrent
 requests with none lost and the first replica kept (Serve's update in place), described with both workers, removed,
-every listener on loopback or refusing a request without a key (exposure.py; Ray's own metrics exporters reported
-apart) and `segserve audit --run-dir` reporting those exporters alone, `audit --management` and `pin --show` refused
-by name, and nothing left running after the stop. About 25 s on 2 cores (docs/ray.md); the answers' shapes are unit-tested
-against a real TorchServe's (tests/unit/test_ray_management.py)."""
+every listener on loopback or refusing a request without a key (exposure.py: Ray's own servers and exporters on
+loopback), `segserve audit --run-dir` reporting nothing, `pin --show` listing the engine's processes and replicas,
+`audit --management` refused by name, and nothing left running after the stop. About 25 s on 2 cores (docs/ray.md);
+the answers' shapes are unit-tested against a real TorchServe's (tests/unit/test_ray_management.py)."""
 
 import json
 import subprocess
@@ -70,6 +70,7 @@ def test_serve_register_predict_scale_under_load_describe_delete_and_stop(tmp_pa
         described = engine.describe("echo")
         assert (described["minWorkers"], [w["status"] for w in described["workers"]]) == (2, ["READY", "READY"])
         assert first in [w["pid"] for w in described["workers"]]  # scaled in place: the first replica kept serving
+        pids = [int(w["pid"]) for w in described["workers"]]
         # every listener of the engine on loopback (Ray's own servers and exporters included: engine.LOOPBACK_ONLY),
         # but the replicas' inter-deployment gRPC servers ([::] in Serve's code), which refuse a call without the token
         found = exposure(engine.process_ids())
@@ -78,11 +79,13 @@ def test_serve_register_predict_scale_under_load_describe_delete_and_stop(tmp_pa
         assert main(["audit", "--run-dir", str(run_dir), "--json"]) == 0
         audited = json.loads(capsys.readouterr().out)
         assert (audited["models"], audited["findings"]) == (["echo"], []), audited
-        # `audit --management` of its management API and `pin --show`: refused by name (exit 2)
+        # `audit --management` of its management API: refused by name (exit 2)
         assert main(["audit", str(ROOT / "config.properties"), "--management", engine.url("management")]) == 2
         assert "as the Ray engine's management API does" in capsys.readouterr().err
-        assert main(["pin", "--show", *common]) == 2
-        assert "segserve pin --show shows the CPU affinity of TorchServe's frontend" in capsys.readouterr().err
+        # `pin --show`: the engine's own processes and both replicas, with their cores
+        assert main(["pin", "--show", *common]) == 0
+        shown = capsys.readouterr().out
+        assert "(frontend)" in shown and "(ray)" in shown and all(f"{'echo':24s} {pid:>8d}  " in shown for pid in pids), shown
         engine.unregister("models", "echo")
         gone = request(engine.url("inference"), "POST", "/predictions/echo", engine.token("inference"), b"x")
         assert (gone.status, gone.json()["type"]) == (404, "ModelNotFoundException")

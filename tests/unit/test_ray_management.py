@@ -157,13 +157,13 @@ def test_the_engine_is_chosen_by_its_name_else_by_the_run_folder_and_torchserve_
     assert engines.open_engine("ray", **options, core_plan=tmp_path / "plan.yaml").core_plan == tmp_path / "plan.yaml"
 
 
-def test_a_core_plan_reaches_the_replicas_and_the_driver_and_replicas_count_one_another_by_the_engines_group(tmp_path):
+def test_a_core_plan_reaches_the_replicas_and_the_driver_and_replicas_count_one_another_by_the_engines_group(tmp_path, monkeypatch):
     """As a TorchServe's workers: SEGSERVE_CORE_PLAN names the plan (handlers/pinning.py claims a slot in each replica),
     the driver gets the frontend cores (Ray's processes start from its affinity), and a model's replicas, each a
     process group of its own, share its cores in one group named per run folder."""
     from handlers import pinning
     from segserve.engines.ray.cluster import Cluster
-    from segserve.engines.ray.engine import LOOPBACK_ONLY, WORKERS_GROUP_ENV
+    from segserve.engines.ray.engine import LOOPBACK_ONLY, QUIETER_SERVE, WORKERS_GROUP_ENV
 
     ray = RayServe(tmp_path / "run", core_plan=ROOT / "core_plan.yaml")
     ray.run_dir.mkdir()
@@ -175,6 +175,10 @@ def test_a_core_plan_reaches_the_replicas_and_the_driver_and_replicas_count_one_
     assert WORKERS_GROUP_ENV == pinning.GROUP_ENV
     assert env[WORKERS_GROUP_ENV] == RayServe(ray.run_dir)._environment(tmp_path)[WORKERS_GROUP_ENV]  # the same folder
     assert env[WORKERS_GROUP_ENV] != RayServe(tmp_path / "other")._environment(tmp_path)[WORKERS_GROUP_ENV]
+    # Serve's timers slower than Ray's defaults, a user's own value kept
+    assert env.items() >= QUIETER_SERVE.items() and QUIETER_SERVE["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] != "0.1"
+    monkeypatch.setenv("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.1")
+    assert ray._environment(tmp_path)["RAY_SERVE_CONTROL_LOOP_INTERVAL_S"] == "0.1"
     on_a_cluster = RayServe(tmp_path / "c", core_plan=ROOT / "core_plan.yaml", cluster=Cluster("h:6379", str(tmp_path)))
     with pytest.raises(UsageError, match="--core-plan pins the processes of one machine: not on a Ray cluster"):
         on_a_cluster._load_core_plan()
