@@ -6,6 +6,7 @@ interface's selection (segserve/engines/engine_interface.py). No Ray started (te
 
 import json
 import subprocess
+import zipfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -228,3 +229,36 @@ def test_an_archive_whose_requirements_torchserve_would_install_is_refused_by_na
     assert refused["code"] == 400 and "needs.mar brings requirements.txt and install_py_dep_per_model is true" in refused["message"]
     assert "needs" not in models.models
     assert post(False).status == 200  # TorchServe installs nothing either: registered as it comes
+
+
+def test_an_archives_model_config_yaml_gives_its_registration_values_as_on_torchserve(tmp_path):
+    """TorchServe 0.12 measured (2026-12-05, a .mar made with `torch-model-archiver --config-file` holding minWorkers 2,
+    maxWorkers 3, batchSize 4, maxBatchDelay 50, responseTimeout 77): registered without parameters it described
+    minWorkers 2, batchSize 4, maxBatchDelay 50, responseTimeout 77 with 2 workers; with batch_size=2,
+    max_batch_delay=10, initial_workers=1 and response_timeout=5, batchSize 2 and maxBatchDelay 10 (the request's)
+    but minWorkers 2 and responseTimeout 77 (the yaml's). maxWorkers is the replicas' count on Ray (fixed replicas)."""
+    # the archive as torch-model-archiver 0.12 writes it with --config-file (its manifest read back from one)
+    manifest = {
+        "runtime": "python",
+        "model": {"modelName": "cfg", "handler": "h.py", "modelVersion": "1.0", "configFile": "model-config.yaml"},
+    }
+    with zipfile.ZipFile(tmp_path / "cfg.mar", "w") as mar:
+        mar.writestr("MAR-INF/MANIFEST.json", json.dumps(manifest))
+        mar.writestr("model-config.yaml", "minWorkers: 2\nmaxWorkers: 3\nbatchSize: 4\nmaxBatchDelay: 50\nresponseTimeout: 77\n")
+        mar.writestr("h.py", ECHO.read_text())
+    keys, defaults = new_keys(), api.Defaults(workers=1, response_timeout_s=120, job_queue_size=100)
+    management = f"Bearer {keys['management']['key']}"
+    described = {}
+    for query in ("", "&batch_size=2&max_batch_delay=10&initial_workers=1&response_timeout=5"):
+        models = InMemory()
+        posted = api.answer(api.parse("POST", f"/models?url=cfg.mar{query}"), management, keys, models, tmp_path, defaults)
+        assert posted.status == 200, posted.body
+        model = json.loads(api.answer(api.parse("GET", "/models/cfg"), management, keys, models, tmp_path, defaults).body)[0]
+        described[query] = (
+            model["minWorkers"],
+            model["batchSize"],
+            model["maxBatchDelay"],
+            model["responseTimeout"],
+            len(model["workers"]),
+        )
+    assert described == {"": (2, 4, 50, 77, 2), "&batch_size=2&max_batch_delay=10&initial_workers=1&response_timeout=5": (2, 2, 10, 77, 2)}

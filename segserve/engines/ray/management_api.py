@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
+import yaml
+
 from segserve.engines.ray.model_spec import ModelSpec, Registered
 from segserve.engines.ray.torchserve_api import (
     NOT_ALLOWED,
@@ -200,19 +202,29 @@ def register(call: Call, models: Models, store: Path | None, defaults: Defaults)
         return error(400, "InvalidModelException", requirements_refusal(url, requirements))
     if name in models.registered():
         return error(409, "ConflictStatusException", f"Model version {version} is already registered for model {name}")
-    workers = call.integer("initial_workers", defaults.workers)
-    # a negative batch_size or max_batch_delay: the archive's own (model-config.yaml; not read yet), else TorchServe's
-    batch_size, delay_ms = call.integer("batch_size", -1), call.integer("max_batch_delay", -100)
+    try:
+        config = probe.model_config()
+    except (OSError, KeyError, ValueError, yaml.YAMLError) as failed:
+        return error(400, "InvalidModelException", f"Failed to load the archive {url}'s model config: {failed}")
+    # The archive's model-config.yaml, as TorchServe 0.12 applies it (measured on its frontend: tests/unit/
+    # test_ray_management.py): batch_size and max_batch_delay of the request win over the yaml's batchSize and
+    # maxBatchDelay; the yaml's minWorkers and responseTimeout win over initial_workers and response_timeout.
+    workers = _config_int(config, "minWorkers", call.integer("initial_workers", defaults.workers))
+    batch_size = call.integer("batch_size", -1)
+    batch_size = batch_size if batch_size > 0 else _config_int(config, "batchSize", 1)
+    delay_ms = call.integer("max_batch_delay", -100)
+    delay_ms = delay_ms if delay_ms >= 0 else _config_int(config, "maxBatchDelay", 100)
     timeout_s = call.integer("response_timeout", -1)
+    timeout_s = _config_int(config, "responseTimeout", timeout_s if timeout_s > 0 else defaults.response_timeout_s)
     spec = ModelSpec(
         name,
         str(archive),
-        batch_size=batch_size if batch_size > 0 else 1,
-        max_batch_delay_ms=delay_ms if delay_ms >= 0 else 100,
+        batch_size=max(batch_size, 1),
+        max_batch_delay_ms=max(delay_ms, 0),
         workers=max(workers, 0),
         job_queue_size=defaults.job_queue_size,
     )
-    model = Registered(spec, url, version, timeout_s if timeout_s > 0 else defaults.response_timeout_s)
+    model = Registered(spec, url, version, timeout_s)
     try:
         models.register(model)
     except RuntimeError as failed:
@@ -221,6 +233,12 @@ def register(call: Call, models: Models, store: Path | None, defaults: Defaults)
         added = "Use scale workers API to add workers for the model."
         return status_json(f'Model "{name}" Version: {version} registered with 0 initial workers. {added}')
     return status_json(f'Model "{name}" Version: {version} registered with {spec.workers} initial workers')
+
+
+def _config_int(config: dict, key: str, otherwise: int) -> int:
+    """A whole number of the archive's model-config.yaml, else `otherwise`."""
+    value = config.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else otherwise
 
 
 def requirements_refusal(url: str, requirements: str) -> str:

@@ -34,6 +34,18 @@ class ModelSpec:
         """The manifest's requirementsFile: what TorchServe pip-installs at registration with install_py_dep_per_model."""
         return None if self.handler else self._manifest().get("requirementsFile") or None
 
+    def model_config(self) -> dict:
+        """The archive's model-config.yaml (the manifest's configFile, `torch-model-archiver --config-file`) as a dict;
+        {} without one. TorchServe reads its registration values from it (management_api.register)."""
+        name = None if self.handler else self._manifest().get("configFile")
+        if not name:
+            return {}
+        import yaml
+
+        with zipfile.ZipFile(self.archive) as mar:
+            config = yaml.safe_load(mar.read(name))
+        return config if isinstance(config, dict) else {}
+
     def _manifest(self) -> dict:
         with zipfile.ZipFile(self.archive) as mar:
             return json.loads(mar.read("MAR-INF/MANIFEST.json"))["model"]
