@@ -405,8 +405,8 @@ class TorchServe(ManagementClient):
 
     def server_processes(self) -> list[tuple[str, int]]:
         """("frontend", pid) of the Java frontend (`pin --show`: its workers come from describe)."""
-        pids = self.process_ids()
-        return [("frontend", pid) for pid in pids if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java")]
+        found = processes.server_processes(self.run_dir, self._own_ports())
+        return [("frontend", p.pid) for p in sorted(found, key=lambda p: p.pid) if processes.role(p) == "frontend"]
 
 
 def _sizes(logs: Path) -> dict[Path, int]:

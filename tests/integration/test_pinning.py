@@ -55,6 +55,11 @@ def test_every_process_runs_on_the_cores_of_the_plan(pinned):
 
 @needs_two_cores
 def test_scaling_a_node_up_and_down_keeps_slots_disjoint_and_frees_them(pinned):
+    scaling_keeps_slots(pinned)
+
+
+def scaling_keeps_slots(pinned) -> None:
+    """seg_jpeg__seg scaled 1→2→1 on a server serving core_plan.yaml (tests/integration/test_ray_pinning.py too)."""
     jpeg_before = affinity(pinned, "seg_jpeg__jpeg")
     pinned.scale("seg_jpeg__seg", 2)
     two = affinity(pinned, "seg_jpeg__seg")

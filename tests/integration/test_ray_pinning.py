@@ -23,7 +23,7 @@ from segserve.serving.http import request
 from segserve.serving.served_pipeline import served_targets, start_pipeline
 from segserve.serving.ts_config import free_port
 from tests.conftest import ROOT
-from tests.integration.test_pinning import needs_two_cores, slot_holder
+from tests.integration.test_pinning import affinity, needs_two_cores, scaling_keeps_slots, slot_holder
 from tests.unit.test_pinning import PLAN
 
 pytestmark = pytest.mark.long
@@ -49,19 +49,15 @@ def pinned(tmp_path_factory, model_store):
         engine.stop()
 
 
-def cpus(engine, model: str) -> dict[int, str]:
-    return {row["pid"]: row["cpus"] for row in live_affinity(engine) if row["model"] == model}
-
-
 @needs_two_cores
 def test_rays_processes_run_on_the_frontends_cores_and_each_replica_on_its_models_slot(pinned, capsys):
     rows = live_affinity(pinned)
     own = [row for row in rows if row["model"] in ("(frontend)", "(ray)")]
     assert {row["model"] for row in own} == {"(frontend)", "(ray)"} and {row["cpus"] for row in own} == {"0"}, own
     assert any(row["model"] == "(frontend)" for row in own)  # HAProxy and Serve's proxy found
-    assert list(cpus(pinned, "seg_jpeg__seg").values()) == ["1"]
-    assert list(cpus(pinned, "seg_jpeg__jpeg").values()) == ["0"]
-    assert slot_holder(pinned) in cpus(pinned, "seg_jpeg__seg")  # the replica holds the slot's lock
+    assert list(affinity(pinned, "seg_jpeg__seg").values()) == ["1"]
+    assert list(affinity(pinned, "seg_jpeg__jpeg").values()) == ["0"]
+    assert slot_holder(pinned) in affinity(pinned, "seg_jpeg__seg")  # the replica holds the slot's lock
     # the workflow still answers through its pinned replicas
     sample = next((ROOT / "samples").glob("*.jpg")).read_bytes()
     answer = request(pinned.url("inference"), "POST", "/wfpredict/seg_jpeg", pinned.token("inference"), sample, timeout_s=60)
@@ -69,20 +65,13 @@ def test_rays_processes_run_on_the_frontends_cores_and_each_replica_on_its_model
     # `segserve pin --show` on the engine's run folder: the same rows
     assert main(["pin", "--show", "--run-dir", str(pinned.run_dir), "--config", str(ROOT / "config.properties")]) == 0
     shown = capsys.readouterr().out
-    (seg_pid,) = cpus(pinned, "seg_jpeg__seg")
+    (seg_pid,) = affinity(pinned, "seg_jpeg__seg")
     assert f"{'seg_jpeg__seg':24s} {seg_pid:>8d}  1" in shown and "(frontend)" in shown, shown
 
 
 @needs_two_cores
 def test_scaling_a_pinned_model_keeps_its_slot_and_other_models_untouched(pinned):
-    jpeg_before = cpus(pinned, "seg_jpeg__jpeg")
-    pinned.scale("seg_jpeg__seg", 2)
-    two = cpus(pinned, "seg_jpeg__seg")
-    assert len(two) == 2 and set(two.values()) == {"1"}  # the second replica shares its model's core, never core 0
-    assert cpus(pinned, "seg_jpeg__jpeg") == jpeg_before
-    pinned.scale("seg_jpeg__seg", 1)
-    one = cpus(pinned, "seg_jpeg__seg")
-    assert len(one) == 1 and set(one.values()) == {"1"} and slot_holder(pinned) in one
+    scaling_keeps_slots(pinned)
 
 
 def lock_threads(pid: int) -> str | None:

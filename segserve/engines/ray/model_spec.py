@@ -5,6 +5,8 @@ import json
 import zipfile
 from dataclasses import dataclass
 
+import yaml
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -40,8 +42,6 @@ class ModelSpec:
         name = None if self.handler else self._manifest().get("configFile")
         if not name:
             return {}
-        import yaml
-
         with zipfile.ZipFile(self.archive) as mar:
             config = yaml.safe_load(mar.read(name))
         return config if isinstance(config, dict) else {}
